@@ -1,0 +1,129 @@
+package adapters
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// ErrReceiptInvalid is returned (wrapped) by a settle call whose delivery can
+// no longer be settled by this consumer: the channel that delivered it died,
+// its Kafka partition was revoked, its visibility timeout ran out. The broker
+// redelivers such a message; the engine counts it and moves on.
+var ErrReceiptInvalid = errors.New("adapters: receipt no longer valid")
+
+// ErrClosed is returned by calls on a closed source or sink.
+var ErrClosed = errors.New("adapters: closed")
+
+// Capabilities says what a source's broker can do. The engine picks its
+// strategy from these flags, never from type assertions.
+type Capabilities struct {
+	// Log means the source is a partitioned log (Kafka): messages carry
+	// Partition and Offset, Ack marks a record settled, and the source commits
+	// an offset only once every record below it is settled (invariant 2).
+	Log bool
+	// Delay means Nack redelivers after the given delay through the broker's
+	// own mechanism (visibility timeout, wait queue, retry topic, nack with a
+	// retry policy). Without it the engine retries in place.
+	Delay bool
+	// MaxDelay is the longest delay Nack honours (SQS: 12h); longer delays are
+	// cut to it. Zero means no limit.
+	MaxDelay time.Duration
+	// DelayTiers, when set, are the only delays Nack can honour (one wait
+	// queue or retry topic per tier); the adapter rounds a delay up to the next
+	// tier.
+	DelayTiers []time.Duration
+	// Lease is how long a delivery stays invisible to other consumers before
+	// the broker redelivers it; zero where deliveries have no lease (a log
+	// partition owned by this member).
+	Lease time.Duration
+	// ExtendLease means ExtendLease pushes the lease back. The engine
+	// heartbeats in-flight messages at a third of Lease.
+	ExtendLease bool
+	// DeliveryCount means Attempt comes from the broker's own count, so it
+	// survives consumer crashes and restarts.
+	DeliveryCount bool
+	// Ordered means the broker delivers messages of one key in publish order
+	// (a log partition, an SQS FIFO group, a Pub/Sub ordering key).
+	Ordered bool
+}
+
+// Source delivers messages from one queue, subscription or consumer group.
+//
+// The engine calls Receive from one goroutine and the settle methods (Ack,
+// Nack, DeadLetter, Release, ExtendLease) from many, concurrently; a Source
+// must be safe for that. Each delivered message is settled at most once.
+type Source interface {
+	// Receive fills buf with up to len(buf) messages and returns how many it
+	// filled. It blocks until at least one message is there, ctx is done, or
+	// the source is closed (then it returns ErrClosed). The engine bounds the
+	// messages in flight by the length of buf; a Source never holds more
+	// unsettled deliveries than the engine asked for plus one broker batch.
+	Receive(ctx context.Context, buf []*ackwise.Message) (int, error)
+
+	// Ack settles msg as done: the broker will not deliver it again. On a log
+	// it marks the record settled; its offset is committed once all records
+	// below it are settled.
+	Ack(ctx context.Context, msg *ackwise.Message) error
+
+	// Nack asks for msg to be delivered again after delay, as attempt
+	// msg.Attempt+1. Adapters that move the message (a wait queue, a retry
+	// topic) settle the original only after the broker confirmed the move
+	// (invariant 3). Sources without Capabilities.Delay return an error.
+	Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error
+
+	// DeadLetter moves msg to the dead-letter destination with env added to
+	// its headers, payload and original headers unchanged, and settles it at
+	// its source once the broker confirmed the dead letter (invariants 3 and
+	// 4).
+	DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error
+
+	// Release hands msg back unsettled, for redelivery as soon as the broker
+	// allows (shutdown, a lost partition). It is never an acknowledgement: on
+	// a log the offset is simply not committed.
+	Release(ctx context.Context, msg *ackwise.Message) error
+
+	// ExtendLease pushes msg's lease to d from now. Sources without
+	// Capabilities.ExtendLease return nil and do nothing.
+	ExtendLease(ctx context.Context, msg *ackwise.Message, d time.Duration) error
+
+	// Valid reports whether msg is still this consumer's to handle (its Kafka
+	// partition was not revoked, its channel is alive). The engine checks it
+	// before running a handler and releases a message that is no longer valid.
+	// It must be cheap.
+	Valid(msg *ackwise.Message) bool
+
+	// Capabilities describes the broker behind the source.
+	Capabilities() Capabilities
+
+	// Close stops receiving and commits what is settled. Unsettled deliveries
+	// are left to the broker to redeliver.
+	Close() error
+}
+
+// Sink publishes messages to one topic, exchange or queue.
+//
+// Publish may be called concurrently.
+type Sink interface {
+	// Publish returns once the broker confirmed every message (publisher
+	// confirms, acks=all, a SendMessage response). On error some messages
+	// may have been published; publishing the batch again is safe for
+	// consumers that deduplicate on the stable event ID, which Publish sets
+	// from Message.ID (header ackwise-event-id).
+	Publish(ctx context.Context, msgs ...*ackwise.Message) error
+
+	// Close flushes and waits for outstanding confirmations.
+	Close() error
+}
+
+// EventID returns the event ID of msg: Message.ID, else its
+// ackwise-event-id header.
+func EventID(msg *ackwise.Message) string {
+	if msg.ID != "" {
+		return msg.ID
+	}
+	return msg.Headers[ackwise.HeaderEventID]
+}

@@ -1,0 +1,21 @@
+// Package adapters defines the contract between the consumer engine and a
+// broker: a [Source] delivers messages and settles them (ack, redeliver later,
+// dead-letter, release), a [Sink] publishes with broker confirmation, and
+// [Capabilities] says explicitly what a broker can do so the engine never
+// discovers features by type assertion.
+//
+// The contract is shaped by the four brokers ackwise supports:
+//
+//   - Kafka acks by committing offsets per partition (Capabilities.Log) and
+//     delays by producing to retry topics;
+//   - RabbitMQ acks per delivery tag, delays through wait queues with a
+//     per-queue TTL, and counts deliveries with x-delivery-count;
+//   - SQS deletes by receipt handle, delays and extends leases with
+//     ChangeMessageVisibility, and counts with ApproximateReceiveCount;
+//   - Pub/Sub acks per message, nacks into the subscription's retry policy and
+//     extends leases inside its client.
+//
+// Adapters register a URL scheme with [Register]; [OpenSource] and
+// [OpenSink] pick the adapter from the URL, so swapping brokers is a
+// configuration change.
+package adapters

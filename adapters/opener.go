@@ -1,0 +1,104 @@
+package adapters
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Opener opens sources and sinks for one URL scheme. Either function may be
+// nil when the adapter offers only one side.
+type Opener struct {
+	OpenSource func(ctx context.Context, u *url.URL) (Source, error)
+	OpenSink   func(ctx context.Context, u *url.URL) (Sink, error)
+}
+
+var (
+	openersMu sync.RWMutex
+	openers   = map[string]Opener{}
+)
+
+// Register makes an adapter available under scheme (for example "mem",
+// "kafka", "amqp"). Adapter packages call it from init; importing the adapter
+// package is what makes its scheme available. Registering a scheme twice
+// panics, as registering a database/sql driver twice does: it is a programming
+// error, not bad input.
+func Register(scheme string, o Opener) {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	scheme = strings.ToLower(scheme)
+	if _, dup := openers[scheme]; dup {
+		panic("adapters: Register called twice for scheme " + scheme)
+	}
+	openers[scheme] = o
+}
+
+// Schemes lists the registered schemes, sorted.
+func Schemes() []string {
+	openersMu.RLock()
+	defer openersMu.RUnlock()
+	s := make([]string, 0, len(openers))
+	for k := range openers {
+		s = append(s, k)
+	}
+	sort.Strings(s)
+	return s
+}
+
+// ErrUnknownScheme is returned (wrapped) for a URL whose scheme no imported
+// adapter registered.
+var ErrUnknownScheme = errors.New("adapters: unknown URL scheme")
+
+func lookup(rawURL string) (*url.URL, Opener, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		// url.Parse quotes the whole URL in its error; do not repeat it, as it
+		// may hold a password.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, Opener{}, fmt.Errorf("adapters: malformed URL: %w", err)
+	}
+	if u.Scheme == "" {
+		return nil, Opener{}, fmt.Errorf("adapters: URL %q has no scheme (want one of %s)", u.Redacted(), strings.Join(Schemes(), ", "))
+	}
+	openersMu.RLock()
+	o, ok := openers[strings.ToLower(u.Scheme)]
+	openersMu.RUnlock()
+	if !ok {
+		return nil, Opener{}, fmt.Errorf("%w %q in %q (registered: %s; is the adapter package imported?)", ErrUnknownScheme, u.Scheme, u.Redacted(), strings.Join(Schemes(), ", "))
+	}
+	return u, o, nil
+}
+
+// OpenSource opens a source by URL, for example "mem://orders",
+// "kafka://broker:9092/orders?group=billing" or
+// "amqp://guest:guest@localhost:5672/orders". Errors never contain the URL's
+// password.
+func OpenSource(ctx context.Context, rawURL string) (Source, error) {
+	u, o, err := lookup(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if o.OpenSource == nil {
+		return nil, fmt.Errorf("adapters: scheme %q cannot open a source", u.Scheme)
+	}
+	return o.OpenSource(ctx, u)
+}
+
+// OpenSink opens a sink by URL. Errors never contain the URL's password.
+func OpenSink(ctx context.Context, rawURL string) (Sink, error) {
+	u, o, err := lookup(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if o.OpenSink == nil {
+		return nil, fmt.Errorf("adapters: scheme %q cannot open a sink", u.Scheme)
+	}
+	return o.OpenSink(ctx, u)
+}

@@ -1,0 +1,8 @@
+// Package dlq defines the dead-letter envelope: the context that travels with
+// a message the engine gave up on, so that a person can see why it failed and
+// redrive it once the cause is fixed.
+//
+// The envelope is encoded as headers added next to the message's own; the
+// payload is never touched and the original headers are kept (invariant 4 in
+// DESIGN.md). docs/headers.md lists every header.
+package dlq

@@ -1,0 +1,217 @@
+package dlq
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ackwise/ackwise"
+)
+
+// Header names of the envelope.
+const (
+	HeaderReason          = "ackwise-dlq-reason"
+	HeaderError           = "ackwise-dlq-error"
+	HeaderErrorClass      = "ackwise-dlq-error-class"
+	HeaderSource          = "ackwise-dlq-source"
+	HeaderPartition       = "ackwise-dlq-partition"
+	HeaderOffset          = "ackwise-dlq-offset"
+	HeaderMessageID       = "ackwise-dlq-message-id"
+	HeaderAttempts        = "ackwise-dlq-attempts"
+	HeaderFirstFailure    = "ackwise-dlq-first-failure"
+	HeaderLastFailure     = "ackwise-dlq-last-failure"
+	HeaderConsumer        = "ackwise-dlq-consumer"
+	HeaderConsumerVersion = "ackwise-dlq-consumer-version"
+)
+
+// HeaderPrefix starts every envelope header.
+const HeaderPrefix = "ackwise-dlq-"
+
+// Reason says why a message was dead-lettered.
+type Reason string
+
+// Reasons.
+const (
+	ReasonPermanent   Reason = "permanent"
+	ReasonMaxAttempts Reason = "max-attempts"
+	ReasonExpired     Reason = "expired"
+	ReasonUnroutable  Reason = "unroutable"
+	ReasonPanic       Reason = "panic"
+)
+
+// MaxErrorLen bounds the error text in bytes; longer text is cut at a rune
+// boundary and ends in "…".
+const MaxErrorLen = 1024
+
+// Envelope is the context of one dead letter.
+type Envelope struct {
+	Reason Reason
+	// Error is the handler's error text, at most MaxErrorLen bytes.
+	Error string
+	// ErrorClass is the classified class ("permanent", "transient", …).
+	ErrorClass string
+	// Source is the topic, queue or subscription the message came from.
+	Source string
+	// Partition and Offset locate the message on a log; -1 where there is
+	// none.
+	Partition int32
+	Offset    int64
+	// MessageID is the broker's own message ID.
+	MessageID string
+	// Attempts is the number of deliveries made before giving up.
+	Attempts int
+	// FirstFailure and LastFailure are when the first and last attempts
+	// failed.
+	FirstFailure time.Time
+	LastFailure  time.Time
+	// Consumer and ConsumerVersion name who gave up.
+	Consumer        string
+	ConsumerVersion string
+}
+
+// New builds the envelope for msg, which failed for the last time at now with
+// err of class class.
+func New(msg *ackwise.Message, reason Reason, err error, class ackwise.Class, now time.Time, consumer, version string) Envelope {
+	first := msg.FirstFailure
+	if first.IsZero() {
+		first = now
+	}
+	text := ""
+	if err != nil {
+		text = err.Error()
+	}
+	return Envelope{
+		Reason:          reason,
+		Error:           BoundError(text),
+		ErrorClass:      class.String(),
+		Source:          msg.Source,
+		Partition:       msg.Partition,
+		Offset:          msg.Offset,
+		MessageID:       msg.BrokerID,
+		Attempts:        msg.Attempt,
+		FirstFailure:    first,
+		LastFailure:     now,
+		Consumer:        consumer,
+		ConsumerVersion: version,
+	}
+}
+
+// BoundError cuts s to at most MaxErrorLen bytes at a rune boundary.
+func BoundError(s string) string {
+	if len(s) <= MaxErrorLen {
+		return s
+	}
+	const ellipsis = "…"
+	cut := MaxErrorLen - len(ellipsis)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + ellipsis
+}
+
+// Encode writes the envelope's headers into h.
+func (e Envelope) Encode(h ackwise.Headers) {
+	h[HeaderReason] = string(e.Reason)
+	h[HeaderError] = BoundError(e.Error)
+	h[HeaderErrorClass] = e.ErrorClass
+	h[HeaderSource] = e.Source
+	if e.Partition >= 0 {
+		h[HeaderPartition] = strconv.FormatInt(int64(e.Partition), 10)
+	}
+	if e.Offset >= 0 {
+		h[HeaderOffset] = strconv.FormatInt(e.Offset, 10)
+	}
+	if e.MessageID != "" {
+		h[HeaderMessageID] = e.MessageID
+	}
+	h[HeaderAttempts] = strconv.Itoa(e.Attempts)
+	if !e.FirstFailure.IsZero() {
+		h[HeaderFirstFailure] = e.FirstFailure.UTC().Format(time.RFC3339Nano)
+	}
+	if !e.LastFailure.IsZero() {
+		h[HeaderLastFailure] = e.LastFailure.UTC().Format(time.RFC3339Nano)
+	}
+	h[HeaderConsumer] = e.Consumer
+	if e.ConsumerVersion != "" {
+		h[HeaderConsumerVersion] = e.ConsumerVersion
+	}
+}
+
+// Apply returns a copy of headers with the envelope added. The message's
+// own headers are kept; envelope headers from an earlier dead-lettering (a
+// redriven message that failed again) are replaced.
+func (e Envelope) Apply(headers ackwise.Headers) ackwise.Headers {
+	out := make(ackwise.Headers, len(headers)+12)
+	for k, v := range headers {
+		if !strings.HasPrefix(k, HeaderPrefix) {
+			out[k] = v
+		}
+	}
+	e.Encode(out)
+	return out
+}
+
+// Decode reads the envelope from a dead letter's headers. It fails when the
+// headers carry no envelope or a field does not parse.
+func Decode(h map[string]string) (Envelope, error) {
+	reason, ok := h[HeaderReason]
+	if !ok {
+		return Envelope{}, fmt.Errorf("dlq: no %s header: not a dead letter", HeaderReason)
+	}
+	e := Envelope{
+		Reason:          Reason(reason),
+		Error:           h[HeaderError],
+		ErrorClass:      h[HeaderErrorClass],
+		Source:          h[HeaderSource],
+		Partition:       -1,
+		Offset:          -1,
+		MessageID:       h[HeaderMessageID],
+		Consumer:        h[HeaderConsumer],
+		ConsumerVersion: h[HeaderConsumerVersion],
+	}
+	if v, ok := h[HeaderPartition]; ok {
+		p, err := strconv.ParseInt(v, 10, 32)
+		if err != nil {
+			return e, fmt.Errorf("dlq: %s = %q: %w", HeaderPartition, v, err)
+		}
+		e.Partition = int32(p)
+	}
+	if v, ok := h[HeaderOffset]; ok {
+		o, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return e, fmt.Errorf("dlq: %s = %q: %w", HeaderOffset, v, err)
+		}
+		e.Offset = o
+	}
+	if v, ok := h[HeaderAttempts]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return e, fmt.Errorf("dlq: %s = %q: %w", HeaderAttempts, v, err)
+		}
+		e.Attempts = n
+	}
+	for name, dst := range map[string]*time.Time{HeaderFirstFailure: &e.FirstFailure, HeaderLastFailure: &e.LastFailure} {
+		if v, ok := h[name]; ok {
+			t, err := time.Parse(time.RFC3339Nano, v)
+			if err != nil {
+				return e, fmt.Errorf("dlq: %s = %q: %w", name, v, err)
+			}
+			*dst = t
+		}
+	}
+	return e, nil
+}
+
+// Strip returns a copy of headers without the envelope, for redrive: the
+// message goes back to its source as it was, its event ID included.
+func Strip(headers map[string]string) ackwise.Headers {
+	out := make(ackwise.Headers, len(headers))
+	for k, v := range headers {
+		if !strings.HasPrefix(k, HeaderPrefix) {
+			out[k] = v
+		}
+	}
+	return out
+}

@@ -1,0 +1,146 @@
+package ackwise
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Class says what the engine does with a failed message.
+type Class int
+
+const (
+	// ClassTransient failures are retried with backoff until the retry policy's
+	// attempts run out, then dead-lettered with reason max-attempts. It is the
+	// class of every error nothing else classifies.
+	ClassTransient Class = iota
+	// ClassPermanent failures cannot succeed on retry (a malformed payload, a
+	// validation error): the message is dead-lettered at once.
+	ClassPermanent
+	// ClassRateLimited failures are retried after the delay the error carries
+	// (see [RetryAfter]) instead of the policy's backoff; they still count as
+	// attempts.
+	ClassRateLimited
+	// ClassDiscard failures are acknowledged and dropped on purpose, with a
+	// count; nothing is dead-lettered.
+	ClassDiscard
+)
+
+var classNames = [...]string{"transient", "permanent", "rate-limited", "discard"}
+
+// String returns the class name used in the ackwise-dlq-error-class header.
+func (c Class) String() string {
+	if c >= 0 && int(c) < len(classNames) {
+		return classNames[c]
+	}
+	return fmt.Sprintf("class(%d)", int(c))
+}
+
+// ParseClass is the inverse of [Class.String].
+func ParseClass(s string) (Class, error) {
+	for i, n := range classNames {
+		if n == s {
+			return Class(i), nil
+		}
+	}
+	return 0, fmt.Errorf("ackwise: unknown error class %q", s)
+}
+
+// classified marks an error with a class. It unwraps to the error it wraps, so
+// errors.Is and errors.As see through it.
+type classified struct {
+	err   error
+	class Class
+	after time.Duration
+}
+
+func (e *classified) Error() string {
+	if e.err == nil {
+		return e.class.String()
+	}
+	return e.err.Error()
+}
+
+func (e *classified) Unwrap() error { return e.err }
+
+// Permanent marks err as permanent: the message goes to the dead-letter
+// destination at once, without retries. The mark survives %w wrapping.
+func Permanent(err error) error {
+	return &classified{err: err, class: ClassPermanent}
+}
+
+// RetryAfter marks err as rate-limited: the message is retried after d
+// instead of the retry policy's backoff (an HTTP 429 with Retry-After). The
+// attempt still counts toward the policy's maximum. A d of zero or less uses
+// the policy's backoff.
+func RetryAfter(err error, d time.Duration) error {
+	return &classified{err: err, class: ClassRateLimited, after: d}
+}
+
+// Discard marks err as discardable: the message is acknowledged and dropped,
+// counted but not dead-lettered. Use it for messages that are obsolete, not for
+// ones that are broken.
+func Discard(err error) error {
+	return &classified{err: err, class: ClassDiscard}
+}
+
+// ClassOf returns the class of err: the outermost class mark found through
+// %w wrapping (errors.As), else ClassTransient. A nil error has no class and
+// returns ClassTransient; callers check for nil first.
+func ClassOf(err error) Class {
+	var c *classified
+	if errors.As(err, &c) {
+		return c.class
+	}
+	return ClassTransient
+}
+
+// RetryAfterOf returns the delay carried by a [RetryAfter] error and whether
+// there was one.
+func RetryAfterOf(err error) (time.Duration, bool) {
+	var c *classified
+	if errors.As(err, &c) && c.class == ClassRateLimited && c.after > 0 {
+		return c.after, true
+	}
+	return 0, false
+}
+
+// Classification is the verdict on one error.
+type Classification struct {
+	Class Class
+	// After is the delay a rate-limited error asked for; zero means the retry
+	// policy's backoff.
+	After time.Duration
+}
+
+// Classifier maps errors an application knows (a validation error, an HTTP
+// 429) to a class. It returns ok=false for errors it does not recognize, which
+// are then classified by [ClassOf]. A Classifier must be safe for concurrent
+// use and must inspect errors with errors.Is/As, never by their text.
+type Classifier func(err error) (c Classification, ok bool)
+
+// Classify classifies err: the class marks set with [Permanent], [RetryAfter]
+// or [Discard] win, then each classifier in order, then ClassTransient.
+func Classify(err error, classifiers ...Classifier) Classification {
+	var c *classified
+	if errors.As(err, &c) {
+		return Classification{Class: c.class, After: c.after}
+	}
+	for _, f := range classifiers {
+		if f == nil {
+			continue
+		}
+		if cl, ok := f(err); ok {
+			return cl
+		}
+	}
+	return Classification{Class: ClassTransient}
+}
+
+// IsShutdown reports whether err is the handler giving up because its
+// context was cancelled or timed out by the engine's shutdown; such a failure
+// is never settled, so the broker redelivers the message.
+func IsShutdown(ctx context.Context, err error) bool {
+	return ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
+}

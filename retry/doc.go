@@ -1,0 +1,9 @@
+// Package retry holds the retry policy: how many attempts a message gets and
+// how long to wait before each redelivery. Exponential backoff with jitter and
+// a cap comes from github.com/cenkalti/backoff/v4; a tiered schedule (1m, 10m,
+// 1h …) describes the delays of a retry-topic chain or of wait queues.
+//
+// A policy only computes delays. The consumer engine applies them through the
+// broker's own delay mechanism (visibility timeout, wait queue, retry topic),
+// so no worker sleeps while holding a message.
+package retry

@@ -1,0 +1,149 @@
+package retry
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// Defaults applied by [Policy.WithDefaults] to zero fields.
+const (
+	DefaultMaxAttempts     = 5
+	DefaultInitialInterval = time.Second
+	DefaultMultiplier      = 2.0
+	DefaultMaxInterval     = 10 * time.Minute
+	DefaultJitter          = 0.5
+)
+
+// Unlimited as MaxAttempts retries transient failures forever.
+const Unlimited = -1
+
+// Policy says how often and how late a failed message is retried. The zero
+// value means the documented defaults.
+type Policy struct {
+	// MaxAttempts is the total number of deliveries a message gets, the first
+	// included, before it is dead-lettered with reason max-attempts. Zero means
+	// DefaultMaxAttempts (5); Unlimited (-1) never gives up; 1 means no retry.
+	MaxAttempts int
+	// InitialInterval is the delay after the first failure. Zero means
+	// DefaultInitialInterval (1s).
+	InitialInterval time.Duration
+	// Multiplier grows the delay after each further failure. Zero means
+	// DefaultMultiplier (2); otherwise it must be at least 1.
+	Multiplier float64
+	// MaxInterval caps any one delay. Zero means DefaultMaxInterval (10m).
+	MaxInterval time.Duration
+	// Jitter is the randomization factor in [0, 1]: a delay d becomes a random
+	// value in [d*(1-Jitter), d*(1+Jitter)], which spreads out retries of
+	// messages that failed together. Zero means DefaultJitter (0.5); NoJitter
+	// (-1) turns it off.
+	Jitter float64
+	// Tiers, when set, replaces the exponential schedule: the delay after
+	// failed attempt n is Tiers[n-1], and the last tier repeats. Retry-topic
+	// chains and wait queues use one topic or queue per tier. Jitter does not
+	// apply to tiers.
+	Tiers []time.Duration
+}
+
+// NoJitter as Policy.Jitter turns jitter off.
+const NoJitter = -1
+
+// WithDefaults returns p with its zero fields set to the defaults.
+func (p Policy) WithDefaults() Policy {
+	if p.MaxAttempts == 0 {
+		p.MaxAttempts = DefaultMaxAttempts
+	}
+	if p.InitialInterval == 0 {
+		p.InitialInterval = DefaultInitialInterval
+	}
+	if p.Multiplier == 0 {
+		p.Multiplier = DefaultMultiplier
+	}
+	if p.MaxInterval == 0 {
+		p.MaxInterval = DefaultMaxInterval
+	}
+	if p.Jitter == 0 {
+		p.Jitter = DefaultJitter
+	}
+	return p
+}
+
+// Validate reports the first bad field, naming it and its value.
+func (p Policy) Validate() error {
+	switch {
+	case p.MaxAttempts < Unlimited:
+		return fmt.Errorf("retry: MaxAttempts = %d: must be positive, 0 (default) or -1 (unlimited)", p.MaxAttempts)
+	case p.InitialInterval < 0:
+		return fmt.Errorf("retry: InitialInterval = %v: must not be negative", p.InitialInterval)
+	case p.Multiplier != 0 && p.Multiplier < 1:
+		return fmt.Errorf("retry: Multiplier = %v: must be at least 1", p.Multiplier)
+	case p.MaxInterval < 0:
+		return fmt.Errorf("retry: MaxInterval = %v: must not be negative", p.MaxInterval)
+	case p.MaxInterval > 0 && p.InitialInterval > p.MaxInterval:
+		return fmt.Errorf("retry: InitialInterval = %v is above MaxInterval = %v", p.InitialInterval, p.MaxInterval)
+	case p.Jitter != NoJitter && (p.Jitter < 0 || p.Jitter > 1):
+		return fmt.Errorf("retry: Jitter = %v: must be in [0, 1] or -1 (none)", p.Jitter)
+	}
+	for i, t := range p.Tiers {
+		if t <= 0 {
+			return fmt.Errorf("retry: Tiers[%d] = %v: must be positive", i, t)
+		}
+	}
+	return nil
+}
+
+// Exhausted reports whether a message whose attempt number attempt just
+// failed has used up its attempts.
+func (p Policy) Exhausted(attempt int) bool {
+	max := p.WithDefaults().MaxAttempts
+	return max != Unlimited && attempt >= max
+}
+
+// Delay returns how long to wait before redelivering a message whose attempt
+// number attempt (1-based) just failed.
+func (p Policy) Delay(attempt int) time.Duration {
+	p = p.WithDefaults()
+	if attempt < 1 {
+		attempt = 1
+	}
+	if len(p.Tiers) > 0 {
+		return p.Tiers[min(attempt, len(p.Tiers))-1]
+	}
+	b := p.newBackOff()
+	var d time.Duration
+	for range attempt {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+// Tier returns the index into Tiers used after failed attempt attempt, or -1
+// without tiers. Retry-topic chains route by it.
+func (p Policy) Tier(attempt int) int {
+	if len(p.Tiers) == 0 {
+		return -1
+	}
+	return min(max(attempt, 1), len(p.Tiers)) - 1
+}
+
+// BackOff returns the exponential schedule as a backoff.BackOff for code that
+// retries in process (a short in-handler retry, a reconnect loop). It never
+// stops on its own; wrap it with backoff.WithMaxRetries to bound it.
+func (p Policy) BackOff() backoff.BackOff {
+	return p.WithDefaults().newBackOff()
+}
+
+func (p Policy) newBackOff() *backoff.ExponentialBackOff {
+	jitter := p.Jitter
+	if jitter == NoJitter {
+		jitter = 0
+	}
+	return backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(p.InitialInterval),
+		backoff.WithMultiplier(p.Multiplier),
+		backoff.WithMaxInterval(p.MaxInterval),
+		backoff.WithRandomizationFactor(jitter),
+		backoff.WithMaxElapsedTime(0),
+	)
+}
