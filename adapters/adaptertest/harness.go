@@ -1,0 +1,53 @@
+// Package adaptertest is the conformance suite every ackwise adapter passes.
+// An adapter's test calls [Run] with a [Harness] that opens fresh, uniquely
+// named destinations on the real broker (or its emulator); capability flags
+// turn off the cases a broker cannot support, and say why.
+package adaptertest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+)
+
+// Harness connects the suite to one adapter.
+type Harness struct {
+	// Open creates a fresh destination (a queue, topic or subscription with a
+	// unique name) and returns a fixture on it. It registers its own cleanup
+	// with t.Cleanup and fails t when the broker cannot be reached.
+	Open func(t testing.TB, cfg FixtureConfig) Fixture
+}
+
+// FixtureConfig is what a test case asks of its destination.
+type FixtureConfig struct {
+	// Lease is the lease (visibility timeout) deliveries should get, kept
+	// short so that crash cases see redelivery quickly. Zero means the
+	// adapter's choice. Adapters without leases ignore it.
+	Lease time.Duration
+	// Partitions is the number of partitions a log should have; zero means 1.
+	Partitions int
+	// MaxAttempts is the broker-side delivery limit where the broker enforces
+	// one (an SQS redrive policy, a Pub/Sub dead-letter policy); zero means
+	// none. The engine enforces its own limit regardless.
+	MaxAttempts int
+	// DelayTiers are the redelivery delays a source with tiered delays (wait
+	// queues, retry topics) should be set up with.
+	DelayTiers []time.Duration
+}
+
+// Fixture is one destination and the means to use it.
+type Fixture struct {
+	// Sink publishes to the destination.
+	Sink adapters.Sink
+	// NewSource opens a new consumer on the destination: a new member of the
+	// same consumer group on a log, a new consumer of the same queue or
+	// subscription elsewhere. Opening another one after closing the first is
+	// how the suite models a consumer restart.
+	NewSource func(t testing.TB) adapters.Source
+	// DeadLetters returns the dead letters on the destination's dead-letter
+	// destination so far, in the order the broker holds them.
+	DeadLetters func(ctx context.Context, t testing.TB) []*ackwise.Message
+}
