@@ -1,0 +1,163 @@
+package consumer
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+)
+
+// Defaults for zero Breaker fields.
+const (
+	DefaultBreakerThreshold = 10
+	DefaultProbeInterval    = 5 * time.Second
+	DefaultMaxProbeInterval = time.Minute
+)
+
+// Breaker tells a dependency outage from a poison message. When transient
+// failures of Threshold different keys follow one another with no success
+// between them, the dependency is taken to be down: the consumer stops
+// receiving, holds the failed messages in flight without spending their
+// attempts, and every ProbeInterval (doubling up to MaxProbeInterval) runs
+// one held message as a probe. The first success closes the breaker, runs the
+// held messages again and resumes receiving. A lone failing message never
+// trips it, because the successes of other messages reset the count or its
+// own repeats count as one key; it goes through retries to the dead-letter
+// destination as usual.
+//
+// Held messages count against MaxInFlight and keep their leases extended
+// where the broker allows. The zero value means the documented defaults.
+type Breaker struct {
+	// Threshold is the number of different keys whose consecutive transient
+	// failures open the breaker. Default DefaultBreakerThreshold (10).
+	Threshold int
+	// ProbeInterval is the wait before the first probe. Default
+	// DefaultProbeInterval (5s).
+	ProbeInterval time.Duration
+	// MaxProbeInterval caps the doubling probe interval. Default
+	// DefaultMaxProbeInterval (1m).
+	MaxProbeInterval time.Duration
+}
+
+func (b *Breaker) state() (*breakerState, error) {
+	cfg := *b
+	switch {
+	case cfg.Threshold < 0:
+		return nil, fmt.Errorf("consumer: Breaker.Threshold = %d: must be positive (0 means %d)", cfg.Threshold, DefaultBreakerThreshold)
+	case cfg.ProbeInterval < 0:
+		return nil, fmt.Errorf("consumer: Breaker.ProbeInterval = %v: must be positive", cfg.ProbeInterval)
+	case cfg.MaxProbeInterval < 0:
+		return nil, fmt.Errorf("consumer: Breaker.MaxProbeInterval = %v: must be positive", cfg.MaxProbeInterval)
+	}
+	if cfg.Threshold == 0 {
+		cfg.Threshold = DefaultBreakerThreshold
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = DefaultProbeInterval
+	}
+	if cfg.MaxProbeInterval == 0 {
+		cfg.MaxProbeInterval = max(DefaultMaxProbeInterval, cfg.ProbeInterval)
+	}
+	if cfg.MaxProbeInterval < cfg.ProbeInterval {
+		return nil, fmt.Errorf("consumer: Breaker.MaxProbeInterval = %v is below ProbeInterval = %v", cfg.MaxProbeInterval, cfg.ProbeInterval)
+	}
+	return &breakerState{cfg: cfg, keys: make(map[string]struct{})}, nil
+}
+
+type breakerState struct {
+	cfg        Breaker
+	keys       map[string]struct{} // keys failing in a row since the last success
+	open       bool
+	held       []*ackwise.Message
+	probe      ackwise.Timer
+	probeDelay time.Duration
+	probing    *ackwise.Message
+	trips      int
+}
+
+func (b *breakerState) stopProbe() {
+	if b.probe != nil {
+		b.probe.Stop()
+		b.probe = nil
+	}
+}
+
+func breakerKey(msg *ackwise.Message) string {
+	if msg.Key != "" {
+		return msg.Key
+	}
+	if id := adapters.EventID(msg); id != "" {
+		return id
+	}
+	return msg.BrokerID
+}
+
+// breakerSuccess records a success: it resets the failure run and closes an
+// open breaker, running the held messages again.
+func (c *Consumer) breakerSuccess() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.breaker
+	if len(b.keys) > 0 {
+		clear(b.keys)
+	}
+	if !b.open {
+		return
+	}
+	b.open = false
+	b.probing = nil
+	b.stopProbe()
+	c.log.Info("breaker closed: dependency answered again; resuming", slog.Int("held", len(b.held)))
+	for _, m := range b.held {
+		c.work <- m
+	}
+	clear(b.held)
+	b.held = b.held[:0]
+	c.signalSpace()
+}
+
+// breakerFailure records a transient failure of msg. It returns true when
+// the breaker is (now) open and msg is held.
+func (c *Consumer) breakerFailure(msg *ackwise.Message) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.breaker
+	if c.stopping {
+		return false
+	}
+	if !b.open {
+		b.keys[breakerKey(msg)] = struct{}{}
+		if len(b.keys) < b.cfg.Threshold {
+			return false
+		}
+		b.open = true
+		b.trips++
+		b.probeDelay = b.cfg.ProbeInterval
+		clear(b.keys)
+		c.log.Warn("breaker open: many keys failing at once; pausing consumption", slog.Int("threshold", b.cfg.Threshold))
+	} else if msg == b.probing {
+		b.probing = nil
+		b.probeDelay = min(2*b.probeDelay, b.cfg.MaxProbeInterval)
+	}
+	b.held = append(b.held, msg)
+	if b.probing == nil && b.probe == nil {
+		b.probe = c.clock.AfterFunc(b.probeDelay, c.runProbe)
+	}
+	return true
+}
+
+// runProbe runs one held message to test the dependency.
+func (c *Consumer) runProbe() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	b := c.breaker
+	b.probe = nil
+	if !b.open || c.stopping || len(b.held) == 0 {
+		return
+	}
+	b.probing = b.held[0]
+	b.held = b.held[1:]
+	c.work <- b.probing
+}

@@ -1,0 +1,637 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// ErrRunning is returned by Run on a consumer that is already running.
+var ErrRunning = errors.New("consumer: already running")
+
+// ErrDrainTimeout is returned by Run when handlers were still running after
+// the drain deadline and a grace period after their context was cancelled.
+// Their messages are left unsettled for the broker to redeliver.
+var ErrDrainTimeout = errors.New("consumer: drain timed out: handlers still running")
+
+// Consumer runs a handler on the messages of one source. Create it with New.
+type Consumer struct {
+	src       adapters.Source
+	caps      adapters.Capabilities
+	cfg       Config
+	h         ackwise.Handler
+	inPlace   bool // retries wait in place instead of through the broker
+	heartbeat bool
+	clock     ackwise.Clock
+	log       *slog.Logger
+	stats     counters
+	running   atomic.Bool
+
+	// work carries messages ready to run. Its capacity is MaxInFlight and it
+	// only ever holds in-flight messages, so sends never block.
+	work chan *ackwise.Message
+
+	mu        sync.Mutex
+	inflight  int
+	lanes     map[laneKey]*lane
+	freeLanes []*lane
+	space     chan struct{} // signalled when in-flight drops below the limit
+	stopping  bool
+	drained   chan struct{}                      // closed when in-flight reaches 0 while stopping
+	waiting   map[*ackwise.Message]ackwise.Timer // in-place retries
+	leases    map[*ackwise.Message]time.Time     // when the lease was last set
+	breaker   *breakerState
+	handlerCx context.Context
+}
+
+// laneKey names the messages that must run one at a time.
+type laneKey struct {
+	source    string
+	partition int32
+	key       string
+}
+
+// lane is the queue of messages of one key waiting for the one running.
+type lane struct {
+	queue []*ackwise.Message
+	head  int
+}
+
+// New creates a consumer that runs h on the messages of src. It validates
+// cfg against the source's capabilities and returns an error naming the bad
+// field and value; it never panics on bad input. New does not take ownership
+// of src: the caller closes it after Run returned.
+func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) {
+	if src == nil {
+		return nil, errors.New("consumer: source is nil")
+	}
+	if h == nil {
+		return nil, errors.New("consumer: handler is nil")
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	caps := src.Capabilities()
+	c := &Consumer{
+		src:   src,
+		caps:  caps,
+		cfg:   cfg,
+		clock: cfg.Clock,
+		log:   cfg.Logger.With(slog.String("consumer", cfg.Name)),
+		lanes: make(map[laneKey]*lane),
+		space: make(chan struct{}, 1),
+	}
+	switch cfg.RetryMode {
+	case RetryBroker:
+		if !caps.Delay {
+			return nil, fmt.Errorf("consumer: RetryMode = %v: the source cannot delay redelivery (Capabilities.Delay is false); use RetryInPlace or configure the adapter's delay mechanism (retry topics, wait queues)", cfg.RetryMode)
+		}
+	case RetryInPlace:
+		c.inPlace = true
+	default:
+		c.inPlace = !caps.Delay || (caps.Ordered && cfg.Ordering != OrderNone)
+	}
+	c.heartbeat = caps.ExtendLease && caps.Lease > 0
+	if c.heartbeat {
+		c.leases = make(map[*ackwise.Message]time.Time)
+	}
+	if cfg.Breaker != nil {
+		b, err := cfg.Breaker.state()
+		if err != nil {
+			return nil, err
+		}
+		c.breaker = b
+	}
+	inner := h
+	if len(cfg.Middleware) > 0 {
+		inner = ackwise.Chain(inner, cfg.Middleware...)
+	}
+	if cfg.Inbox != nil {
+		inner = cfg.Inbox(inner)
+	}
+	c.h = inner
+	return c, nil
+}
+
+// Stats returns the consumer's counters.
+func (c *Consumer) Stats() Stats {
+	c.mu.Lock()
+	inflight := c.inflight
+	paused := c.breaker != nil && c.breaker.open
+	c.mu.Unlock()
+	o := &c.stats.outcomes
+	return Stats{
+		Received:      c.stats.received.Load(),
+		Acked:         o[Acked].Load(),
+		Retried:       o[Retried].Load(),
+		DeadLettered:  o[DeadLettered].Load(),
+		Discarded:     o[Discarded].Load(),
+		Released:      o[Released].Load(),
+		SettleFailed:  o[SettleFailed].Load(),
+		Panics:        c.stats.panics.Load(),
+		ReceiveErrors: c.stats.receiveErrors.Load(),
+		InFlight:      inflight,
+		Paused:        paused,
+	}
+}
+
+// Run receives and handles messages until ctx is done or the source is
+// closed, then drains: it stops receiving, lets running handlers finish for
+// up to Config.DrainTimeout, settles what finished and releases the rest to
+// the broker unacknowledged. It returns nil after a clean drain, the
+// source's error wrapping adapters.ErrClosed if the source closed under it,
+// or ErrDrainTimeout. A Consumer runs once at a time; it may be run again
+// after Run returned.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer c.running.Store(false)
+
+	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelHandlers()
+	c.mu.Lock()
+	c.stopping = false
+	c.drained = make(chan struct{})
+	c.handlerCx = handlerCtx
+	c.mu.Unlock()
+	c.work = make(chan *ackwise.Message, c.cfg.MaxInFlight)
+
+	quit := make(chan struct{})
+	var workers sync.WaitGroup
+	for range c.cfg.Concurrency {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			c.worker(handlerCtx, quit)
+		}()
+	}
+	var hb sync.WaitGroup
+	if c.heartbeat {
+		hb.Add(1)
+		go func() {
+			defer hb.Done()
+			c.heartbeatLoop(handlerCtx, quit)
+		}()
+	}
+
+	recvErr := c.receiveLoop(ctx)
+
+	// Drain (invariant 7).
+	c.stop()
+	err := c.awaitDrain(cancelHandlers)
+	close(quit)
+	workers.Wait()
+	hb.Wait()
+	if err == nil && recvErr != nil {
+		err = recvErr
+	}
+	return err
+}
+
+// receiveLoop fills free in-flight slots from the source until ctx is done.
+func (c *Consumer) receiveLoop(ctx context.Context) error {
+	buf := make([]*ackwise.Message, c.cfg.ReceiveBatch)
+	var errBackoff time.Duration
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		free := c.awaitSpace(ctx)
+		if free == 0 {
+			return nil
+		}
+		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
+		if n > 0 {
+			errBackoff = 0
+			c.stats.received.Add(uint64(n))
+			c.dispatch(buf[:n])
+			clear(buf[:n])
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, adapters.ErrClosed) {
+				return err
+			}
+			c.stats.receiveErrors.Add(1)
+			errBackoff = min(max(2*errBackoff, 10*time.Millisecond), 5*time.Second)
+			c.log.Warn("receive failed", slog.Any("error", err), slog.Duration("retry_in", errBackoff))
+			if !c.sleep(ctx, errBackoff) {
+				return nil
+			}
+		}
+	}
+}
+
+// sleep waits d on the engine's clock; false if ctx ended first.
+func (c *Consumer) sleep(ctx context.Context, d time.Duration) bool {
+	done := make(chan struct{})
+	t := c.clock.AfterFunc(d, func() { close(done) })
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		t.Stop()
+		return false
+	}
+}
+
+// awaitSpace blocks until fewer than MaxInFlight messages are in flight and
+// the breaker lets consumption go on, and returns the free slots; 0 when ctx
+// ended.
+func (c *Consumer) awaitSpace(ctx context.Context) int {
+	for {
+		c.mu.Lock()
+		free := c.cfg.MaxInFlight - c.inflight
+		paused := c.breaker != nil && c.breaker.open
+		c.mu.Unlock()
+		if free > 0 && !paused {
+			return free
+		}
+		select {
+		case <-c.space:
+		case <-ctx.Done():
+			return 0
+		}
+	}
+}
+
+// signalSpace wakes the receive loop. Called with c.mu held.
+func (c *Consumer) signalSpace() {
+	select {
+	case c.space <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Consumer) laneOf(msg *ackwise.Message) (laneKey, bool) {
+	switch c.cfg.Ordering {
+	case OrderKey:
+		if msg.Key == "" {
+			return laneKey{}, false
+		}
+		return laneKey{key: msg.Key}, true
+	case OrderPartition:
+		return laneKey{source: msg.Source, partition: msg.Partition}, true
+	}
+	return laneKey{}, false
+}
+
+// dispatch queues received messages behind their key or hands them to the
+// workers.
+func (c *Consumer) dispatch(msgs []*ackwise.Message) {
+	now := time.Time{}
+	if c.heartbeat {
+		now = c.clock.Now()
+	}
+	c.mu.Lock()
+	c.inflight += len(msgs)
+	for _, m := range msgs {
+		if m.Attempt < 1 {
+			m.Attempt = 1
+		}
+		if c.heartbeat {
+			c.leases[m] = now
+		}
+		k, ordered := c.laneOf(m)
+		if !ordered {
+			c.work <- m
+			continue
+		}
+		if l, busy := c.lanes[k]; busy {
+			l.queue = append(l.queue, m)
+			continue
+		}
+		c.lanes[k] = c.newLane()
+		c.work <- m
+	}
+	c.mu.Unlock()
+}
+
+func (c *Consumer) newLane() *lane {
+	if n := len(c.freeLanes); n > 0 {
+		l := c.freeLanes[n-1]
+		c.freeLanes = c.freeLanes[:n-1]
+		return l
+	}
+	return &lane{}
+}
+
+// finish is called when msg is settled or released. It returns the next
+// message of msg's lane, which the caller runs next, or nil.
+func (c *Consumer) finish(msg *ackwise.Message) *ackwise.Message {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.heartbeat {
+		delete(c.leases, msg)
+	}
+	c.inflight--
+	c.signalSpace()
+	if c.stopping && c.inflight == 0 {
+		close(c.drained)
+	}
+	k, ordered := c.laneOf(msg)
+	if !ordered {
+		return nil
+	}
+	l := c.lanes[k]
+	if l == nil {
+		return nil
+	}
+	if l.head < len(l.queue) {
+		next := l.queue[l.head]
+		l.queue[l.head] = nil
+		l.head++
+		return next
+	}
+	delete(c.lanes, k)
+	l.queue, l.head = l.queue[:0], 0
+	if cap(l.queue) > 64 {
+		l.queue = nil
+	}
+	c.freeLanes = append(c.freeLanes, l)
+	return nil
+}
+
+func (c *Consumer) isStopping() bool {
+	c.mu.Lock()
+	s := c.stopping
+	c.mu.Unlock()
+	return s
+}
+
+func (c *Consumer) worker(ctx context.Context, quit <-chan struct{}) {
+	for {
+		select {
+		case msg := <-c.work:
+			for msg != nil {
+				if c.process(ctx, msg) {
+					break // waits in place; its lane stays held
+				}
+				msg = c.finish(msg)
+			}
+		case <-quit:
+			return
+		}
+	}
+}
+
+// process runs msg and settles it. It returns true when msg stays in flight
+// waiting for an in-place retry.
+func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
+	if c.isStopping() || !c.src.Valid(msg) {
+		c.release(msg)
+		return false
+	}
+	start := time.Now()
+	err := c.invoke(ctx, msg)
+	elapsed := time.Since(start)
+	if err == nil {
+		if c.breaker != nil {
+			c.breakerSuccess()
+		}
+		c.settle(msg, Acked, elapsed, c.src.Ack(context.WithoutCancel(ctx), msg))
+		return false
+	}
+	if ackwise.IsShutdown(ctx, err) {
+		// The engine cancelled the handler at the drain deadline: the work
+		// did not finish, so the message is not settled (invariant 7).
+		c.release(msg)
+		return false
+	}
+	cl := ackwise.Classify(err, c.cfg.Classifiers...)
+	var panicked *panicError
+	if errors.As(err, &panicked) {
+		cl = ackwise.Classification{Class: c.cfg.PanicClass}
+	}
+	return c.fail(ctx, msg, err, cl, elapsed)
+}
+
+// fail settles a failed message according to its class.
+func (c *Consumer) fail(ctx context.Context, msg *ackwise.Message, err error, cl ackwise.Classification, elapsed time.Duration) bool {
+	sctx := context.WithoutCancel(ctx)
+	now := c.clock.Now()
+	if msg.FirstFailure.IsZero() {
+		msg.FirstFailure = now
+	}
+	switch cl.Class {
+	case ackwise.ClassDiscard:
+		c.log.Debug("discarded", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
+		c.settle(msg, Discarded, elapsed, c.src.Ack(sctx, msg))
+		return false
+	case ackwise.ClassPermanent:
+		return c.deadLetter(sctx, msg, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
+	}
+	if c.breaker != nil && c.breakerFailure(msg) {
+		// The dependency looks down: hold the message without spending an
+		// attempt; the breaker probes with it later.
+		return true
+	}
+	if c.cfg.Retry.Exhausted(msg.Attempt) {
+		return c.deadLetter(sctx, msg, dlq.ReasonMaxAttempts, err, cl.Class, now, elapsed)
+	}
+	delay := cl.After
+	if delay <= 0 {
+		delay = c.cfg.Retry.Delay(msg.Attempt)
+	}
+	if c.caps.MaxDelay > 0 && delay > c.caps.MaxDelay {
+		delay = c.caps.MaxDelay
+	}
+	c.log.Debug("retrying", slog.String("event_id", adapters.EventID(msg)), slog.Int("attempt", msg.Attempt), slog.Duration("delay", delay), slog.Any("error", err))
+	if c.inPlace {
+		c.observe(msg, Retried, elapsed)
+		return c.waitInPlace(msg, delay)
+	}
+	c.settle(msg, Retried, elapsed, c.src.Nack(sctx, msg, delay))
+	return false
+}
+
+func (c *Consumer) deadLetter(ctx context.Context, msg *ackwise.Message, reason dlq.Reason, err error, class ackwise.Class, now time.Time, elapsed time.Duration) bool {
+	env := dlq.New(msg, reason, err, class, now, c.cfg.Name, c.cfg.Version)
+	if derr := c.src.DeadLetter(ctx, msg, env); derr != nil {
+		// The move was not confirmed, so the message must not be acked
+		// (invariant 3): hand it back for redelivery.
+		c.log.Error("dead-letter failed; message left for redelivery", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", derr))
+		c.settle(msg, DeadLettered, elapsed, derr)
+		return false
+	}
+	c.log.Warn("dead-lettered", slog.String("event_id", adapters.EventID(msg)), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
+	c.settle(msg, DeadLettered, elapsed, nil)
+	return false
+}
+
+// settle records the outcome of a settle call.
+func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration, err error) {
+	if err != nil {
+		if !errors.Is(err, adapters.ErrReceiptInvalid) {
+			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
+		}
+		if o == DeadLettered {
+			_ = c.src.Release(context.Background(), msg)
+		}
+		o = SettleFailed
+	}
+	c.observe(msg, o, elapsed)
+}
+
+func (c *Consumer) observe(msg *ackwise.Message, o Outcome, elapsed time.Duration) {
+	c.stats.outcomes[o].Add(1)
+	if c.cfg.Observer != nil {
+		c.cfg.Observer.Observe(msg, o, elapsed)
+	}
+}
+
+func (c *Consumer) release(msg *ackwise.Message) {
+	_ = c.src.Release(context.Background(), msg)
+	c.observe(msg, Released, 0)
+}
+
+// waitInPlace schedules msg to run again after delay. The message stays in
+// flight and its lane stays held. It returns false (and releases msg) when
+// the consumer is stopping.
+func (c *Consumer) waitInPlace(msg *ackwise.Message, delay time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopping {
+		_ = c.src.Release(context.Background(), msg)
+		return false
+	}
+	if c.waiting == nil {
+		c.waiting = make(map[*ackwise.Message]ackwise.Timer)
+	}
+	msg.Attempt++
+	c.waiting[msg] = c.clock.AfterFunc(delay, func() { c.wake(msg) })
+	return true
+}
+
+// wake puts a message whose in-place wait is over back on the work queue.
+func (c *Consumer) wake(msg *ackwise.Message) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.waiting[msg]; !ok {
+		return // released by stop
+	}
+	delete(c.waiting, msg)
+	c.work <- msg
+}
+
+// stop begins the drain: no more handler starts, in-place waits are
+// released.
+func (c *Consumer) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stopping = true
+	for msg, t := range c.waiting {
+		if t.Stop() {
+			delete(c.waiting, msg)
+			c.work <- msg // a worker releases it, finishing its lane
+		}
+	}
+	if c.breaker != nil {
+		c.breaker.stopProbe()
+		for _, msg := range c.breaker.held {
+			c.work <- msg
+		}
+		c.breaker.held = nil
+	}
+	if c.inflight == 0 {
+		close(c.drained)
+	}
+}
+
+// awaitDrain waits for in-flight messages to settle or be released, up to
+// the drain deadline, then cancels handlers and waits a short grace.
+func (c *Consumer) awaitDrain(cancelHandlers context.CancelFunc) error {
+	c.mu.Lock()
+	drained := c.drained
+	c.mu.Unlock()
+	if c.cfg.DrainTimeout < 0 {
+		<-drained
+		return nil
+	}
+	t := time.NewTimer(c.cfg.DrainTimeout)
+	defer t.Stop()
+	select {
+	case <-drained:
+		return nil
+	case <-t.C:
+	}
+	c.log.Warn("drain deadline passed; cancelling running handlers", slog.Duration("drain_timeout", c.cfg.DrainTimeout))
+	cancelHandlers()
+	grace := min(max(c.cfg.DrainTimeout/10, 100*time.Millisecond), 5*time.Second)
+	t.Reset(grace)
+	select {
+	case <-drained:
+		return nil
+	case <-t.C:
+		return ErrDrainTimeout
+	}
+}
+
+// heartbeatLoop extends the leases of messages that have been in flight for
+// a third of the lease, so a long handler or an in-place wait never loses its
+// message to another consumer.
+func (c *Consumer) heartbeatLoop(ctx context.Context, quit <-chan struct{}) {
+	every := c.caps.Lease / 3
+	var due []*ackwise.Message
+	for {
+		tick := make(chan struct{})
+		t := c.clock.AfterFunc(every, func() { close(tick) })
+		select {
+		case <-quit:
+			t.Stop()
+			return
+		case <-tick:
+		}
+		now := c.clock.Now()
+		due = due[:0]
+		c.mu.Lock()
+		for m, at := range c.leases {
+			if now.Sub(at) >= every {
+				due = append(due, m)
+				c.leases[m] = now
+			}
+		}
+		c.mu.Unlock()
+		for _, m := range due {
+			if err := c.src.ExtendLease(context.WithoutCancel(ctx), m, c.caps.Lease); err != nil {
+				c.log.Warn("lease extension failed", slog.String("event_id", adapters.EventID(m)), slog.Any("error", err))
+			}
+		}
+		clear(due)
+	}
+}
+
+// panicError is a recovered handler panic.
+type panicError struct {
+	value any
+	stack string
+}
+
+func (p *panicError) Error() string {
+	return dlq.BoundError(fmt.Sprintf("panic: %v\n%s", p.value, p.stack))
+}
+
+// invoke runs the handler pipeline, recovering a panic into an error.
+func (c *Consumer) invoke(ctx context.Context, msg *ackwise.Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			c.stats.panics.Add(1)
+			err = &panicError{value: v, stack: string(debug.Stack())}
+			c.log.Error("handler panicked", slog.String("event_id", adapters.EventID(msg)), slog.Any("panic", v))
+		}
+	}()
+	return c.h.Handle(ctx, msg)
+}

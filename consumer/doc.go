@@ -1,0 +1,26 @@
+// Package consumer is the ackwise engine. It pulls messages from an
+// [adapters.Source], runs the application's handler on them with bounded
+// concurrency and per-key order, and settles each message according to what
+// the handler returned:
+//
+//   - nil: acknowledge (invariant 1: never before the handler returned);
+//   - a transient or rate-limited error: redeliver later with backoff and
+//     jitter — through the broker's delay mechanism when per-key order does
+//     not need holding, else in place with a timer that holds only the key —
+//     until the retry policy's attempts run out, then dead-letter with reason
+//     max-attempts;
+//   - a permanent error (or a panic, by default): dead-letter at once;
+//   - a discard error: acknowledge and count.
+//
+// A dead letter is confirmed by the broker before the message is
+// acknowledged at its source (invariant 3). In-flight messages never exceed
+// Config.MaxInFlight (invariant 6). On shutdown the engine stops receiving,
+// lets running handlers finish up to Config.DrainTimeout, settles what
+// finished and hands everything else back to the broker unacknowledged
+// (invariant 7).
+//
+// The handler pipeline has a fixed order owned by the engine: recover →
+// classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →
+// handler, so retries and dead-lettering can never be put in the wrong order
+// by accident.
+package consumer

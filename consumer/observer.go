@@ -1,0 +1,66 @@
+package consumer
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/ackwise/ackwise"
+)
+
+// Outcome is what the engine did with a message after a handler run.
+type Outcome int
+
+const (
+	// Acked: the handler returned nil and the message was acknowledged.
+	Acked Outcome = iota
+	// Retried: the handler failed and the message will be delivered again.
+	Retried
+	// DeadLettered: the message was moved to the dead-letter destination.
+	DeadLettered
+	// Discarded: the handler returned a discard error; the message was
+	// acknowledged and dropped.
+	Discarded
+	// Released: the message was handed back unsettled (shutdown, lost
+	// receipt, breaker pause).
+	Released
+	// SettleFailed: the broker refused the settle call; it will redeliver.
+	SettleFailed
+)
+
+var outcomeNames = [...]string{"acked", "retried", "dead-lettered", "discarded", "released", "settle-failed"}
+
+func (o Outcome) String() string {
+	if o >= 0 && int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "unknown"
+}
+
+// Observer is told each outcome, for metrics. Observe must be fast and safe
+// for concurrent use; elapsed is the handler's run time (zero when it did not
+// run).
+type Observer interface {
+	Observe(msg *ackwise.Message, o Outcome, elapsed time.Duration)
+}
+
+// Stats are counters since the consumer was created.
+type Stats struct {
+	Received      uint64
+	Acked         uint64
+	Retried       uint64
+	DeadLettered  uint64
+	Discarded     uint64
+	Released      uint64
+	SettleFailed  uint64
+	Panics        uint64
+	ReceiveErrors uint64
+	// InFlight is the number of messages received and not yet settled.
+	InFlight int
+	// Paused reports whether the breaker holds consumption paused.
+	Paused bool
+}
+
+type counters struct {
+	received, receiveErrors, panics atomic.Uint64
+	outcomes                        [len(outcomeNames)]atomic.Uint64
+}
