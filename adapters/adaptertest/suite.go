@@ -1,0 +1,616 @@
+package adaptertest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/dlq"
+	"github.com/ackwise/ackwise/retry"
+)
+
+// Timeout bounds every wait of the suite for the broker.
+var Timeout = 20 * time.Second
+
+// Run runs the conformance suite against the adapter behind h. Every case
+// opens its own destination. Cases a broker cannot support by design are
+// decided by the source's Capabilities, never skipped silently: each logs
+// what it did not check and why.
+func Run(t *testing.T, h Harness) {
+	t.Helper()
+	if h.Open == nil {
+		t.Fatal("adaptertest: Harness.Open is nil")
+	}
+	cases := []struct {
+		name string
+		fn   func(*testing.T, Harness)
+	}{
+		{"PublishReceive", testPublishReceive},
+		{"CrashBeforeAckRedelivers", testCrashBeforeAck},
+		{"RedeliveryDelayHonoured", testRedeliveryDelay},
+		{"AttemptCountIncrements", testAttempts},
+		{"DeadLetterKeepsEverything", testDeadLetterEnvelope},
+		{"PermanentDeadLettersAtOnce", testPermanentAtOnce},
+		{"PerKeyOrderUnderConcurrency", testPerKeyOrder},
+		{"NothingLostAcrossRestart", testRestart},
+		{"DrainOnShutdown", testDrain},
+		{"InFlightBounded", testInFlightBounded},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
+	}
+}
+
+// uniq returns a random suffix for event IDs.
+func uniq() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// batch builds n messages over keys keys with IDs unique to this run.
+func batch(n, keys int) []*ackwise.Message {
+	run := uniq()
+	out := make([]*ackwise.Message, n)
+	for i := range out {
+		out[i] = &ackwise.Message{
+			ID:      fmt.Sprintf("%s-%d", run, i),
+			Key:     fmt.Sprintf("key-%d", i%keys),
+			Payload: []byte(strconv.Itoa(i)),
+			Headers: ackwise.Headers{"x-seq": strconv.Itoa(i)},
+		}
+	}
+	return out
+}
+
+func publish(t *testing.T, f Fixture, msgs []*ackwise.Message) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	// Publish one at a time: per-key order is only defined for sequential
+	// publishes.
+	for _, m := range msgs {
+		if err := f.Sink.Publish(ctx, m); err != nil {
+			t.Fatalf("publish %s: %v", m.ID, err)
+		}
+	}
+}
+
+// receiveOne receives exactly one message from src directly, without the
+// engine.
+func receiveOne(t *testing.T, src adapters.Source) *ackwise.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	buf := make([]*ackwise.Message, 1)
+	for {
+		n, err := src.Receive(ctx, buf)
+		if n == 1 {
+			return buf[0]
+		}
+		if err != nil {
+			t.Fatalf("receive: %v", err)
+		}
+	}
+}
+
+// recorder is a handler that records what it saw and signals progress.
+type recorder struct {
+	mu      sync.Mutex
+	seen    []*ackwise.Message // copies
+	byID    map[string]int
+	changed chan struct{}
+	fn      func(context.Context, *ackwise.Message) error
+}
+
+func newRecorder(fn func(context.Context, *ackwise.Message) error) *recorder {
+	return &recorder{byID: map[string]int{}, changed: make(chan struct{}, 1), fn: fn}
+}
+
+func (r *recorder) Handle(ctx context.Context, m *ackwise.Message) error {
+	var err error
+	if r.fn != nil {
+		err = r.fn(ctx, m)
+	}
+	cp := *m
+	cp.Payload = bytes.Clone(m.Payload)
+	cp.Headers = m.Headers.Clone()
+	cp.Handle = nil
+	r.mu.Lock()
+	r.seen = append(r.seen, &cp)
+	r.byID[m.ID]++
+	r.mu.Unlock()
+	select {
+	case r.changed <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+// waitFor waits until cond holds over the recorder's state.
+func (r *recorder) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(Timeout)
+	for {
+		r.mu.Lock()
+		ok := cond()
+		r.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-r.changed:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// start runs a consumer on src until the test ends or stop is called.
+func start(t *testing.T, src adapters.Source, h ackwise.Handler, cfg consumer.Config) (c *consumer.Consumer, stop func() error) {
+	t.Helper()
+	c, err := consumer.New(src, h, cfg)
+	if err != nil {
+		t.Fatalf("consumer.New: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case runErr = <-done:
+			case <-time.After(Timeout):
+				runErr = errors.New("adaptertest: Run did not return after cancel")
+			}
+		})
+		return runErr
+	}
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("consumer Run: %v", err)
+		}
+	})
+	return c, stop
+}
+
+// waitDeadLetters polls the dead-letter destination until it holds n
+// messages; a broker's dead-letter queue offers no notification to await.
+func waitDeadLetters(t *testing.T, f Fixture, n int) []*ackwise.Message {
+	t.Helper()
+	deadline := time.Now().Add(Timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+		got := f.DeadLetters(ctx, t)
+		cancel()
+		if len(got) >= n {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dead letters: got %d, want %d", len(got), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func testPublishReceive(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{})
+	in := batch(20, 5)
+	in[0].Payload = []byte{0, 0xff, 0xfe, '\n', 0x80} // not UTF-8
+	in[0].Headers["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	publish(t, f, in)
+	rec := newRecorder(nil)
+	start(t, f.NewSource(t), rec, consumer.Config{})
+	rec.waitFor(t, "20 messages", func() bool { return len(rec.byID) == len(in) })
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	byID := map[string]*ackwise.Message{}
+	for _, m := range rec.seen {
+		byID[m.ID] = m
+	}
+	for _, want := range in {
+		got := byID[want.ID]
+		if got == nil {
+			t.Fatalf("message %s not received", want.ID)
+		}
+		if !bytes.Equal(got.Payload, want.Payload) {
+			t.Errorf("%s payload %q, want %q", want.ID, got.Payload, want.Payload)
+		}
+		if got.Key != want.Key {
+			t.Errorf("%s key %q, want %q", want.ID, got.Key, want.Key)
+		}
+		for k, v := range want.Headers {
+			if got.Headers[k] != v {
+				t.Errorf("%s header %s = %q, want %q", want.ID, k, got.Headers[k], v)
+			}
+		}
+		if got.Headers[ackwise.HeaderEventID] != want.ID {
+			t.Errorf("%s: header %s = %q", want.ID, ackwise.HeaderEventID, got.Headers[ackwise.HeaderEventID])
+		}
+		if got.Attempt != 1 {
+			t.Errorf("%s attempt %d, want 1", want.ID, got.Attempt)
+		}
+		if got.Source == "" {
+			t.Errorf("%s: Source not set", want.ID)
+		}
+	}
+}
+
+func testCrashBeforeAck(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{Lease: time.Second})
+	in := batch(1, 1)
+	publish(t, f, in)
+	src := f.NewSource(t)
+	first := receiveOne(t, src)
+	if first.ID != in[0].ID {
+		t.Fatalf("received %s, want %s", first.ID, in[0].ID)
+	}
+	// The handler ran, the process died before the ack.
+	if err := src.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	again := receiveOne(t, f.NewSource(t))
+	if again.ID != in[0].ID || !bytes.Equal(again.Payload, in[0].Payload) {
+		t.Fatalf("redelivered %s %q, want %s %q", again.ID, again.Payload, in[0].ID, in[0].Payload)
+	}
+	if caps := src.Capabilities(); caps.DeliveryCount && again.Attempt < 2 {
+		t.Fatalf("redelivery attempt %d, want ≥ 2 on a broker that counts deliveries", again.Attempt)
+	}
+}
+
+func testRedeliveryDelay(t *testing.T, h Harness) {
+	const delay = 300 * time.Millisecond
+	f := h.Open(t, FixtureConfig{DelayTiers: []time.Duration{delay}})
+	src := f.NewSource(t)
+	if !src.Capabilities().Delay {
+		t.Log("source cannot delay redelivery (Capabilities.Delay false): the engine retries in place; checked by AttemptCountIncrements")
+		return
+	}
+	in := batch(1, 1)
+	publish(t, f, in)
+	m := receiveOne(t, src)
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	at := time.Now()
+	if err := src.Nack(ctx, m, delay); err != nil {
+		t.Fatalf("nack: %v", err)
+	}
+	again := receiveOne(t, src)
+	if waited := time.Since(at); waited < delay-20*time.Millisecond {
+		t.Fatalf("redelivered after %v, want at least %v", waited, delay)
+	}
+	if again.ID != in[0].ID || again.Attempt != 2 {
+		t.Fatalf("redelivered %s attempt %d, want %s attempt 2", again.ID, again.Attempt, in[0].ID)
+	}
+	if err := src.Ack(ctx, again); err != nil {
+		t.Fatalf("ack: %v", err)
+	}
+}
+
+func testAttempts(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{DelayTiers: []time.Duration{100 * time.Millisecond}})
+	in := batch(1, 1)
+	publish(t, f, in)
+	rec := newRecorder(func(context.Context, *ackwise.Message) error { return errors.New("still down") })
+	start(t, f.NewSource(t), rec, consumer.Config{Retry: retry.Policy{MaxAttempts: 3, InitialInterval: 50 * time.Millisecond, Jitter: retry.NoJitter}})
+	rec.waitFor(t, "3 attempts", func() bool { return len(rec.seen) >= 3 })
+	dl := waitDeadLetters(t, f, 1)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	for i, m := range rec.seen[:3] {
+		if m.Attempt != i+1 {
+			t.Fatalf("delivery %d had attempt %d", i+1, m.Attempt)
+		}
+	}
+	env, err := dlq.Decode(dl[0].Headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if env.Reason != dlq.ReasonMaxAttempts || env.Attempts != 3 {
+		t.Fatalf("envelope reason %s attempts %d, want max-attempts 3", env.Reason, env.Attempts)
+	}
+	if !env.FirstFailure.Before(env.LastFailure) {
+		t.Fatalf("first failure %v not before last %v", env.FirstFailure, env.LastFailure)
+	}
+}
+
+func testDeadLetterEnvelope(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{})
+	in := batch(1, 1)
+	in[0].Payload = append([]byte{0xde, 0xad, 0xbe, 0xef, 0}, bytes.Repeat([]byte("x"), 4096)...)
+	in[0].Headers["x-tenant"] = "acme"
+	publish(t, f, in)
+	long := string(bytes.Repeat([]byte("e"), 5000))
+	rec := newRecorder(func(context.Context, *ackwise.Message) error {
+		return ackwise.Permanent(errors.New(long))
+	})
+	start(t, f.NewSource(t), rec, consumer.Config{Name: "billing", Version: "v1.2.3"})
+	dl := waitDeadLetters(t, f, 1)[0]
+	if !bytes.Equal(dl.Payload, in[0].Payload) {
+		t.Fatalf("dead letter payload differs: %d bytes, want %d", len(dl.Payload), len(in[0].Payload))
+	}
+	if dl.Headers["x-tenant"] != "acme" || dl.Headers["x-seq"] != "0" {
+		t.Fatalf("original headers lost: %v", dl.Headers)
+	}
+	if dl.Headers[ackwise.HeaderEventID] != in[0].ID {
+		t.Fatalf("event id header %q, want %q", dl.Headers[ackwise.HeaderEventID], in[0].ID)
+	}
+	env, err := dlq.Decode(dl.Headers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.mu.Lock()
+	seen := rec.seen[0]
+	rec.mu.Unlock()
+	switch {
+	case env.Reason != dlq.ReasonPermanent:
+		t.Errorf("reason %q", env.Reason)
+	case env.ErrorClass != "permanent":
+		t.Errorf("error class %q", env.ErrorClass)
+	case len(env.Error) > dlq.MaxErrorLen || len(env.Error) < 100:
+		t.Errorf("error text %d bytes, want bounded to %d", len(env.Error), dlq.MaxErrorLen)
+	case env.Source != seen.Source || env.Source == "":
+		t.Errorf("source %q, want %q", env.Source, seen.Source)
+	case env.MessageID != seen.BrokerID:
+		t.Errorf("message id %q, want %q", env.MessageID, seen.BrokerID)
+	case env.Partition != seen.Partition || env.Offset != seen.Offset:
+		t.Errorf("position %d@%d, want %d@%d", env.Partition, env.Offset, seen.Partition, seen.Offset)
+	case env.Attempts != 1:
+		t.Errorf("attempts %d", env.Attempts)
+	case env.FirstFailure.IsZero() || env.LastFailure.IsZero():
+		t.Errorf("failure times %v %v", env.FirstFailure, env.LastFailure)
+	case env.Consumer != "billing" || env.ConsumerVersion != "v1.2.3":
+		t.Errorf("consumer %q %q", env.Consumer, env.ConsumerVersion)
+	}
+}
+
+func testPermanentAtOnce(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{})
+	in := batch(3, 3)
+	publish(t, f, in)
+	rec := newRecorder(func(_ context.Context, m *ackwise.Message) error {
+		if m.ID == in[1].ID {
+			return fmt.Errorf("decode: %w", ackwise.Permanent(errors.New("bad json")))
+		}
+		return nil
+	})
+	start(t, f.NewSource(t), rec, consumer.Config{})
+	dl := waitDeadLetters(t, f, 1)
+	rec.waitFor(t, "all handled", func() bool { return len(rec.byID) == 3 })
+	if len(dl) != 1 || dl[0].Headers[ackwise.HeaderEventID] != in[1].ID {
+		t.Fatalf("dead letters %d, want only %s", len(dl), in[1].ID)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if rec.byID[in[1].ID] != 1 {
+		t.Fatalf("poison message handled %d times, want 1", rec.byID[in[1].ID])
+	}
+}
+
+func testPerKeyOrder(t *testing.T, h Harness) {
+	const n, keys = 300, 10
+	f := h.Open(t, FixtureConfig{Partitions: 3})
+	in := batch(n, keys)
+	publish(t, f, in)
+	var mu sync.Mutex
+	active := map[string]bool{}
+	var overlap atomic.Int64
+	rec := newRecorder(func(_ context.Context, m *ackwise.Message) error {
+		mu.Lock()
+		if active[m.Key] {
+			overlap.Add(1)
+		}
+		active[m.Key] = true
+		mu.Unlock()
+		time.Sleep(time.Millisecond) // hold the key long enough for overlap to show
+		mu.Lock()
+		active[m.Key] = false
+		mu.Unlock()
+		return nil
+	})
+	src := f.NewSource(t)
+	start(t, src, rec, consumer.Config{Concurrency: 8, MaxInFlight: 64})
+	rec.waitFor(t, "all handled", func() bool { return len(rec.byID) == n })
+	if o := overlap.Load(); o != 0 {
+		t.Fatalf("a key was handled concurrently %d times", o)
+	}
+	if !src.Capabilities().Ordered {
+		t.Log("source does not promise broker order per key: checked one-at-a-time per key only")
+		return
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	last := map[string]int{}
+	for _, m := range rec.seen {
+		i, _ := strconv.Atoi(string(m.Payload))
+		if prev, ok := last[m.Key]; ok && i < prev {
+			t.Fatalf("key %s: message %d handled after %d", m.Key, i, prev)
+		}
+		last[m.Key] = i
+	}
+}
+
+func testRestart(t *testing.T, h Harness) {
+	const n = 200
+	f := h.Open(t, FixtureConfig{Lease: time.Second, Partitions: 2})
+	in := batch(n, 20)
+	publish(t, f, in)
+	var handled atomic.Int64
+	first := newRecorder(func(context.Context, *ackwise.Message) error {
+		handled.Add(1)
+		return nil
+	})
+	src1 := f.NewSource(t)
+	_, stop := start(t, src1, first, consumer.Config{Concurrency: 4, MaxInFlight: 8})
+	first.waitFor(t, "a first share", func() bool { return len(first.byID) >= n/4 })
+	if err := stop(); err != nil {
+		t.Fatalf("first consumer: %v", err)
+	}
+	if err := src1.Close(); err != nil {
+		t.Fatalf("close first source: %v", err)
+	}
+	second := newRecorder(nil)
+	start(t, f.NewSource(t), second, consumer.Config{Concurrency: 4})
+	second.waitFor(t, "the rest", func() bool {
+		first.mu.Lock()
+		defer first.mu.Unlock()
+		for _, m := range in {
+			if first.byID[m.ID] == 0 && second.byID[m.ID] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func testDrain(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{Lease: time.Second})
+	in := batch(5, 1) // one key: one at a time
+	publish(t, f, in)
+	started := make(chan struct{})
+	release := make(chan struct{})
+	var once sync.Once
+	rec := newRecorder(func(_ context.Context, m *ackwise.Message) error {
+		once.Do(func() {
+			close(started)
+			<-release
+		})
+		return nil
+	})
+	src := f.NewSource(t)
+	_, stop := start(t, src, rec, consumer.Config{DrainTimeout: Timeout})
+	<-started
+	stopped := make(chan error, 1)
+	go func() { stopped <- stop() }()
+	// Run must wait for the running handler: give it a moment to return
+	// early if it were going to.
+	select {
+	case err := <-stopped:
+		t.Fatalf("Run returned (%v) while a handler was running", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	rec.mu.Lock()
+	finished := map[string]bool{}
+	for _, m := range rec.seen {
+		finished[m.ID] = true
+	}
+	rec.mu.Unlock()
+	if len(finished) == 0 || len(finished) == len(in) {
+		t.Fatalf("%d of %d handled before the drain ended, want the running one and not all", len(finished), len(in))
+	}
+	// What finished during the drain was acknowledged; the rest comes back.
+	next := newRecorder(nil)
+	start(t, f.NewSource(t), next, consumer.Config{})
+	next.waitFor(t, "the rest after the drain", func() bool {
+		for _, m := range in {
+			if !finished[m.ID] && next.byID[m.ID] == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	next.mu.Lock()
+	defer next.mu.Unlock()
+	for id := range finished {
+		if next.byID[id] != 0 {
+			t.Fatalf("message %s finished during the drain but was delivered again", id)
+		}
+	}
+}
+
+// countingSource counts deliveries handed out and not yet settled.
+type countingSource struct {
+	adapters.Source
+	out, max atomic.Int64
+}
+
+func (s *countingSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	n, err := s.Source.Receive(ctx, buf)
+	v := s.out.Add(int64(n))
+	for {
+		m := s.max.Load()
+		if v <= m || s.max.CompareAndSwap(m, v) {
+			break
+		}
+	}
+	return n, err
+}
+
+func (s *countingSource) done() { s.out.Add(-1) }
+func (s *countingSource) Ack(ctx context.Context, m *ackwise.Message) error {
+	s.done()
+	return s.Source.Ack(ctx, m)
+}
+func (s *countingSource) Nack(ctx context.Context, m *ackwise.Message, d time.Duration) error {
+	s.done()
+	return s.Source.Nack(ctx, m, d)
+}
+func (s *countingSource) DeadLetter(ctx context.Context, m *ackwise.Message, e dlq.Envelope) error {
+	s.done()
+	return s.Source.DeadLetter(ctx, m, e)
+}
+func (s *countingSource) Release(ctx context.Context, m *ackwise.Message) error {
+	s.done()
+	return s.Source.Release(ctx, m)
+}
+
+func testInFlightBounded(t *testing.T, h Harness) {
+	const n, limit = 100, 6
+	f := h.Open(t, FixtureConfig{})
+	in := batch(n, n)
+	publish(t, f, in)
+	src := &countingSource{Source: f.NewSource(t)}
+	var running, peak atomic.Int64
+	rec := newRecorder(func(context.Context, *ackwise.Message) error {
+		v := running.Add(1)
+		for {
+			p := peak.Load()
+			if v <= p || peak.CompareAndSwap(p, v) {
+				break
+			}
+		}
+		time.Sleep(time.Millisecond)
+		running.Add(-1)
+		return nil
+	})
+	start(t, src, rec, consumer.Config{Concurrency: 3, MaxInFlight: limit})
+	rec.waitFor(t, "all handled", func() bool { return len(rec.byID) == n })
+	if got := src.max.Load(); got > limit {
+		t.Fatalf("%d messages in flight at once, limit %d", got, limit)
+	}
+	if got := peak.Load(); got > 3 {
+		t.Fatalf("%d handlers at once, Concurrency 3", got)
+	}
+	ids := make([]string, 0, n)
+	rec.mu.Lock()
+	for id := range rec.byID {
+		ids = append(ids, id)
+	}
+	rec.mu.Unlock()
+	sort.Strings(ids)
+	if len(ids) != n {
+		t.Fatalf("handled %d distinct, want %d", len(ids), n)
+	}
+}
