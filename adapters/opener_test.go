@@ -1,0 +1,42 @@
+package adapters_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/ackwise/ackwise/adapters"
+)
+
+func TestOpenerErrors(t *testing.T) {
+	t.Parallel()
+	adapters.Register("openertest", adapters.Opener{
+		OpenSink: func(ctx context.Context, u *url.URL) (adapters.Sink, error) {
+			return nil, errors.New("sink " + u.Host)
+		},
+	})
+	ctx := context.Background()
+	if _, err := adapters.OpenSource(ctx, "nosuch://x/y"); !errors.Is(err, adapters.ErrUnknownScheme) {
+		t.Fatalf("unknown scheme: %v", err)
+	}
+	if _, err := adapters.OpenSource(ctx, "nosuch://user:hunter2@host/q"); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("error leaks the password: %v", err)
+	}
+	if _, err := adapters.OpenSource(ctx, "://bad"); err == nil || !strings.Contains(err.Error(), "malformed URL") {
+		t.Fatalf("malformed URL: %v", err)
+	}
+	if _, err := adapters.OpenSource(ctx, "amqp://guest:s3cret@host:%zz/q"); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("malformed URL error leaks the password: %v", err)
+	}
+	if _, err := adapters.OpenSource(ctx, "orders"); err == nil || !strings.Contains(err.Error(), "no scheme") {
+		t.Fatalf("no scheme: %v", err)
+	}
+	if _, err := adapters.OpenSource(ctx, "openertest://h/q"); err == nil || !strings.Contains(err.Error(), "cannot open a source") {
+		t.Fatalf("sink-only scheme: %v", err)
+	}
+	if _, err := adapters.OpenSink(ctx, "OPENERTEST://h/q"); err == nil || err.Error() != "sink h" {
+		t.Fatalf("scheme lookup is case-insensitive: %v", err)
+	}
+}

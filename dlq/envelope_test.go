@@ -1,0 +1,95 @@
+package dlq_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+func TestEnvelopeRoundTrip(t *testing.T) {
+	t.Parallel()
+	first := time.Date(2026, 11, 29, 10, 0, 0, 123000000, time.UTC)
+	last := first.Add(90 * time.Second)
+	msg := &ackwise.Message{
+		ID: "e1", Source: "orders", Partition: 3, Offset: 42, BrokerID: "orders/3@42", Attempt: 5,
+		FirstFailure: first,
+		Headers:      ackwise.Headers{"x-tenant": "acme", dlq.HeaderReason: "stale"},
+	}
+	env := dlq.New(msg, dlq.ReasonMaxAttempts, errors.New("db down"), ackwise.ClassTransient, last, "billing", "v2")
+	h := env.Apply(msg.Headers)
+	if h["x-tenant"] != "acme" {
+		t.Fatal("original header lost")
+	}
+	if msg.Headers[dlq.HeaderReason] != "stale" {
+		t.Fatal("Apply changed the message's own headers")
+	}
+	got, err := dlq.Decode(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != env {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, env)
+	}
+	if got.Reason != dlq.ReasonMaxAttempts || got.Attempts != 5 || got.Partition != 3 || got.Offset != 42 || got.ErrorClass != "transient" {
+		t.Fatalf("decoded %+v", got)
+	}
+	stripped := dlq.Strip(h)
+	for k := range stripped {
+		if strings.HasPrefix(k, dlq.HeaderPrefix) {
+			t.Fatalf("Strip kept %s", k)
+		}
+	}
+	if stripped["x-tenant"] != "acme" {
+		t.Fatal("Strip lost an original header")
+	}
+}
+
+func TestQueueEnvelopeHasNoPosition(t *testing.T) {
+	t.Parallel()
+	msg := &ackwise.Message{Source: "q", Partition: -1, Offset: -1, Attempt: 1}
+	env := dlq.New(msg, dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "c", "")
+	h := env.Apply(nil)
+	if _, ok := h[dlq.HeaderPartition]; ok {
+		t.Fatal("partition header on a queue message")
+	}
+	if _, ok := h[dlq.HeaderConsumerVersion]; ok {
+		t.Fatal("empty consumer version written")
+	}
+	got, err := dlq.Decode(h)
+	if err != nil || got.Partition != -1 || got.Offset != -1 {
+		t.Fatalf("Decode = %+v, %v", got, err)
+	}
+	if !got.FirstFailure.Equal(got.LastFailure) {
+		t.Fatal("first failure should default to the last on a first attempt")
+	}
+}
+
+func TestErrorTextIsBounded(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("é", dlq.MaxErrorLen) // 2 bytes a rune
+	got := dlq.BoundError(long)
+	if len(got) > dlq.MaxErrorLen || !utf8.ValidString(got) || !strings.HasSuffix(got, "…") {
+		t.Fatalf("bounded to %d bytes, valid=%v", len(got), utf8.ValidString(got))
+	}
+	if dlq.BoundError("short") != "short" {
+		t.Fatal("short text changed")
+	}
+}
+
+func TestDecodeRejectsBadFields(t *testing.T) {
+	t.Parallel()
+	if _, err := dlq.Decode(map[string]string{}); err == nil {
+		t.Fatal("headers without an envelope accepted")
+	}
+	for _, h := range []string{dlq.HeaderPartition, dlq.HeaderOffset, dlq.HeaderAttempts, dlq.HeaderFirstFailure} {
+		_, err := dlq.Decode(map[string]string{dlq.HeaderReason: "permanent", h: "nope"})
+		if err == nil || !strings.Contains(err.Error(), h) {
+			t.Fatalf("bad %s: %v", h, err)
+		}
+	}
+}

@@ -1,0 +1,126 @@
+package ackwise_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+)
+
+type httpError struct{ status int }
+
+func (e *httpError) Error() string { return http.StatusText(e.status) }
+
+func TestClassSurvivesWrapping(t *testing.T) {
+	t.Parallel()
+	base := errors.New("boom")
+	cases := []struct {
+		name  string
+		err   error
+		class ackwise.Class
+		after time.Duration
+	}{
+		{"plain is transient", base, ackwise.ClassTransient, 0},
+		{"permanent", ackwise.Permanent(base), ackwise.ClassPermanent, 0},
+		{"wrapped permanent", fmt.Errorf("decode order: %w", ackwise.Permanent(base)), ackwise.ClassPermanent, 0},
+		{"twice wrapped retry-after", fmt.Errorf("a: %w", fmt.Errorf("b: %w", ackwise.RetryAfter(base, time.Minute))), ackwise.ClassRateLimited, time.Minute},
+		{"discard", ackwise.Discard(base), ackwise.ClassDiscard, 0},
+		{"joined", errors.Join(errors.New("x"), ackwise.Permanent(base)), ackwise.ClassPermanent, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := ackwise.ClassOf(tc.err); got != tc.class {
+				t.Fatalf("ClassOf = %v, want %v", got, tc.class)
+			}
+			if cl := ackwise.Classify(tc.err); cl.Class != tc.class || cl.After != tc.after {
+				t.Fatalf("Classify = %+v, want %v after %v", cl, tc.class, tc.after)
+			}
+			if !errors.Is(tc.err, base) {
+				t.Fatal("errors.Is lost the wrapped error")
+			}
+		})
+	}
+}
+
+func TestClassifierMapsApplicationErrors(t *testing.T) {
+	t.Parallel()
+	byStatus := func(err error) (ackwise.Classification, bool) {
+		var he *httpError
+		if !errors.As(err, &he) {
+			return ackwise.Classification{}, false
+		}
+		switch {
+		case he.status == http.StatusTooManyRequests:
+			return ackwise.Classification{Class: ackwise.ClassRateLimited, After: 30 * time.Second}, true
+		case he.status >= 400 && he.status < 500:
+			return ackwise.Classification{Class: ackwise.ClassPermanent}, true
+		}
+		return ackwise.Classification{}, false
+	}
+	if cl := ackwise.Classify(fmt.Errorf("charge: %w", &httpError{429}), byStatus); cl.Class != ackwise.ClassRateLimited || cl.After != 30*time.Second {
+		t.Fatalf("429 → %+v", cl)
+	}
+	if cl := ackwise.Classify(&httpError{422}, byStatus); cl.Class != ackwise.ClassPermanent {
+		t.Fatalf("422 → %+v", cl)
+	}
+	if cl := ackwise.Classify(&httpError{503}, byStatus); cl.Class != ackwise.ClassTransient {
+		t.Fatalf("503 → %+v", cl)
+	}
+	// An explicit mark wins over a classifier.
+	if cl := ackwise.Classify(ackwise.Discard(&httpError{422}), byStatus); cl.Class != ackwise.ClassDiscard {
+		t.Fatalf("marked discard → %+v", cl)
+	}
+}
+
+func TestParseClassRoundTrips(t *testing.T) {
+	t.Parallel()
+	for c := ackwise.ClassTransient; c <= ackwise.ClassDiscard; c++ {
+		got, err := ackwise.ParseClass(c.String())
+		if err != nil || got != c {
+			t.Fatalf("ParseClass(%q) = %v, %v", c.String(), got, err)
+		}
+	}
+	if _, err := ackwise.ParseClass("fatal"); err == nil {
+		t.Fatal("unknown class accepted")
+	}
+}
+
+func TestIsShutdown(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	if ackwise.IsShutdown(ctx, context.Canceled) {
+		t.Fatal("shutdown reported while ctx alive")
+	}
+	cancel()
+	if !ackwise.IsShutdown(ctx, fmt.Errorf("query: %w", context.Canceled)) {
+		t.Fatal("wrapped cancellation not seen as shutdown")
+	}
+	if ackwise.IsShutdown(ctx, errors.New("other")) {
+		t.Fatal("unrelated error seen as shutdown")
+	}
+}
+
+func TestChainOrder(t *testing.T) {
+	t.Parallel()
+	var trace []string
+	mw := func(name string) ackwise.Middleware {
+		return func(next ackwise.Handler) ackwise.Handler {
+			return ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
+				trace = append(trace, name)
+				return next.Handle(ctx, m)
+			})
+		}
+	}
+	h := ackwise.Chain(ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		trace = append(trace, "handler")
+		return nil
+	}), mw("a"), nil, mw("b"))
+	_ = h.Handle(context.Background(), &ackwise.Message{})
+	if fmt.Sprint(trace) != "[a b handler]" {
+		t.Fatalf("order %v", trace)
+	}
+}
