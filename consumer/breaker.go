@@ -124,7 +124,7 @@ func (c *Consumer) breakerFailure(msg *ackwise.Message) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.breaker
-	if c.stopping {
+	if c.stopping.Load() {
 		return false
 	}
 	if !b.open {
@@ -154,7 +154,7 @@ func (c *Consumer) runProbe() {
 	defer c.mu.Unlock()
 	b := c.breaker
 	b.probe = nil
-	if !b.open || c.stopping || len(b.held) == 0 {
+	if !b.open || c.stopping.Load() || len(b.held) == 0 {
 		return
 	}
 	b.probing = b.held[0]

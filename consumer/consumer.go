@@ -44,8 +44,8 @@ type Consumer struct {
 	inflight  int
 	lanes     map[laneKey]*lane
 	freeLanes []*lane
-	space     chan struct{} // signalled when in-flight drops below the limit
-	stopping  bool
+	space     chan struct{}                      // signalled when in-flight drops below the limit
+	stopping  atomic.Bool                        // written under mu, read without it
 	drained   chan struct{}                      // closed when in-flight reaches 0 while stopping
 	waiting   map[*ackwise.Message]ackwise.Timer // in-place retries
 	leases    map[*ackwise.Message]time.Time     // when the lease was last set
@@ -161,7 +161,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
 	c.mu.Lock()
-	c.stopping = false
+	c.stopping.Store(false)
 	c.drained = make(chan struct{})
 	c.handlerCx = handlerCtx
 	c.mu.Unlock()
@@ -339,7 +339,7 @@ func (c *Consumer) finish(msg *ackwise.Message) *ackwise.Message {
 	}
 	c.inflight--
 	c.signalSpace()
-	if c.stopping && c.inflight == 0 {
+	if c.stopping.Load() && c.inflight == 0 {
 		close(c.drained)
 	}
 	k, ordered := c.laneOf(msg)
@@ -365,13 +365,6 @@ func (c *Consumer) finish(msg *ackwise.Message) *ackwise.Message {
 	return nil
 }
 
-func (c *Consumer) isStopping() bool {
-	c.mu.Lock()
-	s := c.stopping
-	c.mu.Unlock()
-	return s
-}
-
 func (c *Consumer) worker(ctx context.Context, quit <-chan struct{}) {
 	for {
 		select {
@@ -391,7 +384,7 @@ func (c *Consumer) worker(ctx context.Context, quit <-chan struct{}) {
 // process runs msg and settles it. It returns true when msg stays in flight
 // waiting for an in-place retry.
 func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
-	if c.isStopping() || !c.src.Valid(msg) {
+	if c.stopping.Load() || !c.src.Valid(msg) {
 		c.release(msg)
 		return false
 	}
@@ -504,7 +497,7 @@ func (c *Consumer) release(msg *ackwise.Message) {
 func (c *Consumer) waitInPlace(msg *ackwise.Message, delay time.Duration) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.stopping {
+	if c.stopping.Load() {
 		_ = c.src.Release(context.Background(), msg)
 		return false
 	}
@@ -532,7 +525,7 @@ func (c *Consumer) wake(msg *ackwise.Message) {
 func (c *Consumer) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.stopping = true
+	c.stopping.Store(true)
 	for msg, t := range c.waiting {
 		if t.Stop() {
 			delete(c.waiting, msg)
