@@ -1,0 +1,93 @@
+package kafka_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/adaptertest"
+	"github.com/ackwise/ackwise/adapters/kafka"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+func TestConformance(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	adaptertest.Run(t, adaptertest.Harness{Open: func(t testing.TB, fc adaptertest.FixtureConfig) adaptertest.Fixture {
+		topic := kafka.NewTopicName(t)
+		cfg := kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g", RetryTiers: fc.DelayTiers}
+		parts := int32(fc.Partitions)
+		if parts == 0 {
+			parts = 1
+		}
+		ctx := context.Background()
+		if err := kafka.CreateTopics(ctx, cfg, parts, 1); err != nil {
+			t.Fatal(err)
+		}
+		sink, err := kafka.NewSink(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sink.Close() })
+		return adaptertest.Fixture{
+			Sink: sink,
+			NewSource: func(t testing.TB) adapters.Source {
+				src, err := kafka.NewSource(ctx, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = src.Close() })
+				return src
+			},
+			DeadLetters: func(ctx context.Context, t testing.TB) []*ackwise.Message {
+				return kafka.ReadTopicForTest(ctx, t, brokers, topic+kafka.DefaultDeadLetterSuffix)
+			},
+		}
+	}})
+}
+
+// TestConformanceShareGroup runs the suite on a share-group source.
+func TestConformanceShareGroup(t *testing.T) {
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatalf("kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	adaptertest.Run(t, adaptertest.Harness{Open: func(t testing.TB, fc adaptertest.FixtureConfig) adaptertest.Fixture {
+		topic := kafka.NewTopicName(t)
+		cfg := kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"}
+		parts := int32(fc.Partitions)
+		if parts == 0 {
+			parts = 1
+		}
+		ctx := context.Background()
+		if err := kafka.CreateTopics(ctx, cfg, parts, 1); err != nil {
+			t.Fatal(err)
+		}
+		sink, err := kafka.NewSink(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = sink.Close() })
+		return adaptertest.Fixture{
+			Sink: sink,
+			NewSource: func(t testing.TB) adapters.Source {
+				src, err := kafka.NewShareSource(ctx, cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = src.Close() })
+				return src
+			},
+			DeadLetters: func(ctx context.Context, t testing.TB) []*ackwise.Message {
+				return kafka.ReadTopicForTest(ctx, t, brokers, topic+kafka.DefaultDeadLetterSuffix)
+			},
+		}
+	}})
+}

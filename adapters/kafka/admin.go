@@ -1,0 +1,38 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// CreateTopics creates every topic of cfg's chain (see [Config.Topics]) with
+// the given partitions and replication factor (-1: the broker's default),
+// leaving topics that exist alone. Retry topics get the same partition count
+// as the topic, so that a retried record keeps its key's partition.
+func CreateTopics(ctx context.Context, cfg Config, partitions int32, replicationFactor int16) error {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(false); err != nil {
+		return err
+	}
+	cl, err := kgo.NewClient(cfg.clientOpts()...)
+	if err != nil {
+		return fmt.Errorf("kafka: new client: %w", err)
+	}
+	defer cl.Close()
+	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, replicationFactor, nil, cfg.Topics()...)
+	if err != nil {
+		return fmt.Errorf("kafka: create topics: %w", err)
+	}
+	var errs []error
+	for _, r := range resp.Sorted() {
+		if r.Err != nil && !errors.Is(r.Err, kerr.TopicAlreadyExists) {
+			errs = append(errs, fmt.Errorf("kafka: create topic %s: %w", r.Topic, r.Err))
+		}
+	}
+	return errors.Join(errs...)
+}

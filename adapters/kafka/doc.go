@@ -1,0 +1,114 @@
+// Package kafka is the ackwise adapter for Apache Kafka, built on franz-go
+// (github.com/twmb/franz-go/pkg/kgo).
+//
+// # Consumer-group source
+//
+// [NewSource] joins a consumer group with automatic commits disabled and
+// commits only settled offsets (invariant 2): every delivered record is
+// tracked per partition, Ack, a confirmed move to a retry topic, a confirmed
+// dead letter all mark a record settled, and the committed offset of a
+// partition is the offset of its first unsettled record (or the offset after
+// the last delivered one when all are settled). Records of one partition may
+// therefore be handled in parallel by key, as Confluent's Parallel Consumer
+// does, and settled out of order: the commit never passes unfinished work.
+//
+// Like the Parallel Consumer, a commit also carries, in the offset commit's
+// metadata, the offsets above the committed one that are already settled;
+// the next owner of the partition (another member, or this one after a
+// crash) skips them, so a crash in the middle of a batch replays only the
+// records that were not settled. The set is bounded to fit Kafka's default
+// metadata limit; past it, more records replay, none is lost.
+//
+// Commits happen at most once per [Config.CommitInterval] while something was
+// settled, synchronously when partitions are revoked (before they are
+// released to another member), and on Close. The source reads with
+// read_committed isolation: records of aborted transactions are never
+// delivered.
+//
+// Receive takes up to [Config.PollBatch] records from the client at once, so
+// that franz-go fetches the next batch while these are handled, and hands
+// them out len(buf) at a time; records of a partition revoked meanwhile are
+// dropped.
+//
+// A revoked partition's records become invalid: [Source.Valid] reports false
+// and a later settle returns an error wrapping [adapters.ErrReceiptInvalid]; records of a revoked partition
+// that were fetched but not yet delivered are dropped, never handed out. On
+// revocation the source first waits up to [Config.RevokeTimeout] for
+// handlers already running on the partition to settle, so that their work is
+// committed rather than repeated by the next owner. franz-go heartbeats in
+// the background and the source never blocks rebalances on polls, so a slow
+// handler never gets the member evicted.
+//
+// # Retries: blocking or retry topics
+//
+// Each source picks one of two retry modes:
+//
+//   - Blocking (no [Config.RetryTiers], the default): Capabilities.Delay is
+//     false and the consumer engine retries a failed record in place. Order
+//     per key is kept; the key waits.
+//   - Non-blocking retry topics (Uber's and Spring Kafka's pattern): with
+//     RetryTiers set, Nack produces the record to the retry topic of the
+//     smallest tier at least as long as the asked delay (the longest tier when
+//     none is), with acks=all, waits for the broker's confirmation and only
+//     then marks the source record settled (invariant 3). Throughput wins,
+//     and per-key order is given up: a retried record is handled after later
+//     records of its key. The consumer engine uses the retry topics only when
+//     asked to (consumer.Config{RetryMode: consumer.RetryBroker}); its
+//     default for an ordered source is to retry in place.
+//
+// Retry topics are named by [Config.RetryTopic], by default
+// [DefaultRetryTopic]: "<topic>.retry.<tier>", for example orders.retry.1m
+// and orders.retry.10m; dead letters go to [Config.DeadLetterTopic], by
+// default "<topic>.dlq". The same source consumes the main topic and all its
+// retry topics in the same group, so one Source runs the whole chain. A hop
+// carries the headers ackwise-attempt (incremented per hop),
+// ackwise-first-failure, [HeaderRetryDue] (when the record is due), and
+// [HeaderOriginalTopic], [HeaderOriginalPartition], [HeaderOriginalOffset]
+// (where the record first sat); the original key, value and headers are kept.
+// A retry-topic partition whose head record is not yet due is paused with
+// PauseFetchPartitions and resumed when it is due: nothing sleeps, and the
+// main topic and the other tiers keep flowing. Because a resumed partition
+// joins the next fetch only after the fetch in flight returns, a source with
+// tiers sets franz-go's FetchMaxWait to half the shortest tier (between
+// 100ms and the default 5s). Retry topics must exist before the source
+// starts ([CreateTopics] creates the whole chain with the topic's partition
+// count). A record
+// from a retry topic is delivered as a message of the original topic: Source,
+// Partition and Offset name where it first sat, Attempt comes from its
+// header, and BrokerID names the retry-topic position it was read from.
+//
+// # Dead letters
+//
+// DeadLetter produces the record to the dead-letter topic with the same key,
+// a byte-identical value, its headers kept and the dlq envelope added as
+// Kafka record headers (any Kafka client, kcat included, reads them), with
+// acks=all, and marks the source record settled once the broker confirmed.
+//
+// # Sink
+//
+// [NewSink] publishes with acks=all and idempotent writes (enabled
+// explicitly), partitions by key, sets ackwise-event-id from Message.ID, and
+// returns produce errors; Close flushes.
+//
+// # Share groups
+//
+// [NewShareSource] consumes as a member of a KIP-932 share group ("queues
+// for Kafka"): each record is settled on its own (Ack accepts, Release hands
+// it back, Reject archives, DeadLetter moves it then accepts), Attempt is the
+// broker's delivery count, and members may share a partition (no order).
+// Because franz-go auto-accepts a poll's unsettled records on the next poll,
+// the share source does not poll again before every record of the previous
+// poll is settled.
+//
+// # Exactly-once Kafka to Kafka
+//
+// [NewTransactSession] is an opt-in consume-transform-produce mode on
+// franz-go's GroupTransactSession: a batch's outputs and its input offsets
+// commit in one transaction, so read_committed consumers see each output
+// exactly once, across aborted attempts and rebalances.
+//
+// # URL
+//
+// Importing the package registers the scheme "kafka" with
+// [adapters.Register]; see [ParseURL] for the parameters.
+package kafka

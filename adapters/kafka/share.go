@@ -1,0 +1,327 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// DefaultShareLease is the broker's default acquisition lock of a share
+// group record (share.record.lock.duration.ms, 30s).
+const DefaultShareLease = 30 * time.Second
+
+// ShareSource consumes a topic as a member of a share group (KIP-932,
+// "queues for Kafka"): the broker hands each record to one member at a time,
+// members of one group may share a partition, and each record is settled on
+// its own: Ack accepts it, Release hands it back for redelivery (its
+// delivery count, the message's Attempt, goes up), Reject archives it.
+// There is no offset to commit and no per-key order across members.
+//
+// franz-go accepts every record of a poll that is still unsettled when the
+// client polls again. So that nothing is accepted before its work is done
+// (invariant 1), Receive does not poll again until every record of the
+// previous poll was settled: a poll's records are handed out over several
+// Receive calls, and the last one waits for the slowest record of the poll.
+//
+// Receive must be called from one goroutine at a time; the settle methods
+// may be called concurrently.
+type ShareSource struct {
+	cfg   Config
+	cl    *kgo.Client
+	log   *slog.Logger
+	lease time.Duration
+
+	mu          sync.Mutex
+	pending     []*kgo.Record // this poll's records not yet delivered
+	outstanding int           // this poll's records not yet settled
+	drained     chan struct{} // closed when outstanding reaches 0
+
+	closed atomic.Bool
+}
+
+type shareReceipt struct {
+	r       *kgo.Record
+	settled atomic.Bool
+}
+
+var _ adapters.Source = (*ShareSource)(nil)
+
+// NewShareSource joins the share group cfg.Group on cfg.Topic. Of cfg,
+// Brokers, Topic, Group, DeadLetterTopic, PollBatch, StartOffset, TLS, SASL,
+// ClientID, Logger and Options are used. StartOffset "earliest" (the
+// default) sets the group's share.auto.offset.reset to earliest, so a new
+// group starts at the beginning of the topic (the broker's default for share
+// groups is latest).
+func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(true); err != nil {
+		return nil, err
+	}
+	if len(cfg.RetryTiers) > 0 {
+		return nil, fmt.Errorf("kafka: Config.RetryTiers = %v: a share source has no retry topics (the broker redelivers released records)", cfg.RetryTiers)
+	}
+	opts := append(cfg.clientOpts(),
+		kgo.ShareGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topic),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+	)
+	opts = append(opts, cfg.Options...)
+	if cfg.StartOffset == "earliest" {
+		if err := setShareAutoOffsetReset(ctx, cfg, "earliest"); err != nil {
+			return nil, err
+		}
+	}
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: new client: %w", err)
+	}
+	if err := cl.Ping(ctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
+	}
+	return &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: DefaultShareLease}, nil
+}
+
+// setShareAutoOffsetReset sets the share group's share.auto.offset.reset.
+func setShareAutoOffsetReset(ctx context.Context, cfg Config, v string) error {
+	cl, err := kgo.NewClient(cfg.clientOpts()...)
+	if err != nil {
+		return fmt.Errorf("kafka: new client: %w", err)
+	}
+	defer cl.Close()
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = cfg.Group
+	c := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	c.Name = "share.auto.offset.reset"
+	c.Value = &v
+	res.Configs = append(res.Configs, c)
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("kafka: set share.auto.offset.reset of group %s: %w", cfg.Group, err)
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return fmt.Errorf("kafka: set share.auto.offset.reset of group %s: %w", cfg.Group, err)
+		}
+	}
+	return nil
+}
+
+// Client returns the franz-go client behind the source.
+func (s *ShareSource) Client() *kgo.Client { return s.cl }
+
+// Capabilities: DeliveryCount (Attempt is the broker's delivery count),
+// Lease (the acquisition lock, 30s by default) with ExtendLease (AckRenew,
+// Kafka 4.2+). No Delay: Release redelivers at once, so the engine retries
+// in place. Not Ordered: members of a share group share partitions.
+func (s *ShareSource) Capabilities() adapters.Capabilities {
+	return adapters.Capabilities{Lease: s.lease, ExtendLease: true, DeliveryCount: true}
+}
+
+// Receive hands out the records of the current poll; once all are handed
+// out it waits until all are settled, then polls again.
+func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	for {
+		if s.closed.Load() {
+			return 0, adapters.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		s.mu.Lock()
+		if len(s.pending) > 0 {
+			n := 0
+			for n < len(buf) && len(s.pending) > 0 {
+				buf[n] = shareMessage(s.pending[0])
+				s.pending = s.pending[1:]
+				n++
+			}
+			s.mu.Unlock()
+			return n, nil
+		}
+		if s.outstanding > 0 {
+			if s.drained == nil {
+				s.drained = make(chan struct{})
+			}
+			wait := s.drained
+			s.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		s.mu.Unlock()
+		fetches := s.cl.PollRecords(ctx, min(s.cfg.PollBatch, 4*len(buf)))
+		if fetches.IsClientClosed() {
+			return 0, adapters.ErrClosed
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				s.log.Warn("kafka: share fetch error", "topic", t, "partition", p, "err", err)
+			}
+		})
+		recs := fetches.Records()
+		if len(recs) == 0 {
+			continue
+		}
+		s.mu.Lock()
+		s.pending = recs
+		s.outstanding = len(recs)
+		s.mu.Unlock()
+	}
+}
+
+func shareMessage(r *kgo.Record) *ackwise.Message {
+	m := plainMessage(r)
+	if dc := int(r.DeliveryCount()); dc > 0 {
+		m.Attempt = dc
+	}
+	m.Handle = &shareReceipt{r: r}
+	return m
+}
+
+func (s *ShareSource) receipt(msg *ackwise.Message) (*shareReceipt, error) {
+	rc, ok := msg.Handle.(*shareReceipt)
+	if !ok {
+		return nil, fmt.Errorf("kafka: message %q was not delivered by a share source", msg.BrokerID)
+	}
+	return rc, nil
+}
+
+// settle acks msg with status, once.
+func (s *ShareSource) settle(msg *ackwise.Message, status kgo.AckStatus) error {
+	rc, err := s.receipt(msg)
+	if err != nil {
+		return err
+	}
+	if s.closed.Load() {
+		return fmt.Errorf("kafka: %s: source closed: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
+	}
+	if !rc.settled.CompareAndSwap(false, true) {
+		return fmt.Errorf("kafka: %s: already settled", msg.BrokerID)
+	}
+	if d := rc.r.AcquisitionDeadline(); !d.IsZero() && time.Now().After(d) {
+		s.done()
+		return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, d, adapters.ErrReceiptInvalid)
+	}
+	rc.r.Ack(status)
+	s.done()
+	return nil
+}
+
+func (s *ShareSource) done() {
+	s.mu.Lock()
+	s.outstanding--
+	if s.outstanding == 0 && s.drained != nil {
+		close(s.drained)
+		s.drained = nil
+	}
+	s.mu.Unlock()
+}
+
+// Ack accepts msg: the broker will not deliver it again. Acks are sent in
+// the background; Close flushes them.
+func (s *ShareSource) Ack(_ context.Context, msg *ackwise.Message) error {
+	return s.settle(msg, kgo.AckAccept)
+}
+
+// Release hands msg back: the broker delivers it again at once, to any
+// member, with its delivery count incremented.
+func (s *ShareSource) Release(_ context.Context, msg *ackwise.Message) error {
+	return s.settle(msg, kgo.AckRelease)
+}
+
+// Reject archives msg: the broker never delivers it again. Prefer
+// DeadLetter, which keeps the record.
+func (s *ShareSource) Reject(_ context.Context, msg *ackwise.Message) error {
+	return s.settle(msg, kgo.AckReject)
+}
+
+// Nack returns an error: a share group cannot delay a redelivery
+// (Capabilities.Delay is false), so the engine retries in place.
+func (s *ShareSource) Nack(context.Context, *ackwise.Message, time.Duration) error {
+	return errors.New("kafka: a share source cannot delay redelivery (Capabilities.Delay is false)")
+}
+
+// DeadLetter produces msg to the dead-letter topic with the envelope as
+// headers, waits for the broker's confirmation, then accepts msg.
+func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
+	rc, err := s.receipt(msg)
+	if err != nil {
+		return err
+	}
+	if rc.settled.Load() {
+		return fmt.Errorf("kafka: %s: already settled", msg.BrokerID)
+	}
+	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
+	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
+	}
+	return s.settle(msg, kgo.AckAccept)
+}
+
+// ExtendLease renews msg's acquisition lock (AckRenew, Kafka 4.2+; a
+// broker without it lets the lock run out). d is the broker's to decide.
+func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ time.Duration) error {
+	rc, err := s.receipt(msg)
+	if err != nil {
+		return err
+	}
+	if !rc.settled.Load() {
+		rc.r.Ack(kgo.AckRenew)
+	}
+	return nil
+}
+
+// Valid reports whether msg is unsettled, its acquisition lock has not run
+// out and the source is open.
+func (s *ShareSource) Valid(msg *ackwise.Message) bool {
+	rc, ok := msg.Handle.(*shareReceipt)
+	if !ok || rc.settled.Load() || s.closed.Load() {
+		return false
+	}
+	d := rc.r.AcquisitionDeadline()
+	return d.IsZero() || time.Now().Before(d)
+}
+
+// Close flushes the acks sent so far and leaves the group; the broker
+// releases records not settled.
+func (s *ShareSource) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := s.cl.FlushAcks(ctx)
+	s.cl.Close()
+	s.mu.Lock()
+	if s.drained != nil {
+		close(s.drained)
+		s.drained = nil
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("kafka: flush share acks: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,95 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+func openShare(t *testing.T, cfg Config) *ShareSource {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := NewShareSource(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
+	return s
+}
+
+// TestShareGroupAcceptReleaseDeadLetter: per-record accept, release (the
+// record comes back with its delivery count as Attempt) and dead-letter on
+// a share group; nothing is accepted before it is settled.
+func TestShareGroupAcceptReleaseDeadLetter(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	sink := openSink(t, cfg)
+	in := publishN(t, sink, 10, func(i int) string { return "k" })
+	src := openShare(t, cfg)
+	if caps := src.Capabilities(); !caps.DeliveryCount || caps.Delay || caps.Log || caps.Ordered {
+		t.Fatalf("capabilities %+v", caps)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got := receiveN(t, src, 10)
+	for i, m := range got {
+		if m.ID != in[i].ID || m.Attempt != 1 || !src.Valid(m) {
+			t.Fatalf("delivery %d: %+v", i, m)
+		}
+	}
+	// With everything handed out and nothing settled, Receive waits instead
+	// of polling (which would accept the unsettled records).
+	short, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	if n, err := src.Receive(short, make([]*ackwise.Message, 4)); n != 0 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Receive with every record unsettled returned %d, %v; want to wait", n, err)
+	}
+	scancel()
+	for _, m := range got[:8] {
+		if err := src.Ack(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := src.Ack(ctx, got[0]); err == nil {
+		t.Fatal("second ack accepted")
+	}
+	if err := src.Release(ctx, got[8]); err != nil {
+		t.Fatal(err)
+	}
+	env := dlq.New(got[9], dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "billing", "")
+	if err := src.DeadLetter(ctx, got[9], env); err != nil {
+		t.Fatal(err)
+	}
+	again := receiveN(t, src, 1)[0]
+	if again.ID != in[8].ID || again.Attempt != 2 {
+		t.Fatalf("after release got %s attempt %d, want %s attempt 2", again.ID, again.Attempt, in[8].ID)
+	}
+	if err := src.Ack(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	dls := readAll(ctx, t, brokers, cfg.Topic+".dlq")
+	if len(dls) != 1 || recordMessage(dls[0]).ID != in[9].ID || recordMessage(dls[0]).Headers[dlq.HeaderReason] != "permanent" {
+		t.Fatalf("dead letters %v", dls)
+	}
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Ack(ctx, again); !errors.Is(err, adapters.ErrReceiptInvalid) {
+		t.Fatalf("ack after close: %v", err)
+	}
+	// A new member of the group gets only what comes next: all ten were
+	// settled.
+	next := publishN(t, sink, 1, func(int) string { return "k" })
+	next[0].ID = "ev-0" // publishN numbers from 0 again
+	src2 := openShare(t, cfg)
+	m := receiveN(t, src2, 1)[0]
+	if m.Offset != 10 {
+		t.Fatalf("new member got offset %d (%s), want the new record at 10", m.Offset, m.ID)
+	}
+}

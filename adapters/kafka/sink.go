@@ -1,0 +1,130 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+)
+
+// Sink produces to one topic with acks=all and idempotent writes. Records
+// with a key go to the partition of the key (murmur2, as the Java client
+// does); records without one are spread. Publish may be called concurrently.
+type Sink struct {
+	cfg    Config
+	cl     *kgo.Client
+	mu     sync.RWMutex
+	closed bool
+}
+
+var _ adapters.Sink = (*Sink)(nil)
+
+// NewSink returns a sink on cfg.Topic once a broker answered. Only Brokers,
+// Topic, TLS, SASL, ClientID, Logger and Options of cfg are used.
+func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(false); err != nil {
+		return nil, err
+	}
+	opts := append(cfg.clientOpts(),
+		kgo.DefaultProduceTopic(cfg.Topic),
+		// Key -> partition with the Java client's hashing, so that other
+		// producers of the same keys agree on partitions.
+		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+	)
+	opts = append(opts, cfg.Options...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: new client: %w", err)
+	}
+	if err := cl.Ping(ctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
+	}
+	return &Sink{cfg: cfg, cl: cl}, nil
+}
+
+// Client returns the franz-go client behind the sink.
+func (s *Sink) Client() *kgo.Client { return s.cl }
+
+// Publish produces msgs and returns once the broker acknowledged each with
+// acks=all, or with the first error (every failed record is reported,
+// joined). Header ackwise-event-id is set from Message.ID when the message
+// does not carry it already.
+func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return adapters.ErrClosed
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	recs := make([]*kgo.Record, len(msgs))
+	backing := make([]kgo.Record, len(msgs))
+	for i, m := range msgs {
+		r := &backing[i]
+		r.Topic = s.cfg.Topic
+		r.Value = m.Payload
+		if m.Key != "" {
+			r.Key = []byte(m.Key)
+		}
+		r.Headers = recordHeaders(m)
+		recs[i] = r
+	}
+	var errs []error
+	for _, res := range s.cl.ProduceSync(ctx, recs...) {
+		if res.Err != nil {
+			errs = append(errs, fmt.Errorf("kafka: produce to %s: %w", s.cfg.Topic, res.Err))
+			if len(errs) >= 10 {
+				break
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// recordHeaders converts m's headers, adding ackwise-event-id from m.ID.
+func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
+	n := len(m.Headers)
+	_, has := m.Headers[ackwise.HeaderEventID]
+	if !has && m.ID != "" {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	hs := make([]kgo.RecordHeader, 0, n)
+	if !has && m.ID != "" {
+		hs = append(hs, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(m.ID)})
+	}
+	for k, v := range m.Headers {
+		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	}
+	return hs
+}
+
+// Close waits for outstanding produces (Flush) and closes the client. It is
+// idempotent.
+func (s *Sink) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := s.cl.Flush(ctx)
+	s.cl.Close()
+	if err != nil {
+		return fmt.Errorf("kafka: flush on close: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,114 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+)
+
+func TestSinkKeysHeadersAndEventID(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 4)
+	sink := openSink(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var msgs []*ackwise.Message
+	for i := 0; i < 40; i++ {
+		msgs = append(msgs, &ackwise.Message{ID: "ev-" + strconv.Itoa(i), Key: "k" + strconv.Itoa(i%5), Payload: []byte{byte(i), 0xff}, Headers: ackwise.Headers{"h": "v"}})
+	}
+	msgs = append(msgs, &ackwise.Message{Payload: []byte("no key, no id")})
+	if err := sink.Publish(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	recs := readAll(ctx, t, brokers, cfg.Topic)
+	if len(recs) != len(msgs) {
+		t.Fatalf("%d records, want %d", len(recs), len(msgs))
+	}
+	part := map[string]int32{}
+	for _, r := range recs {
+		m := recordMessage(r)
+		if m.Key == "" {
+			if r.Key != nil || m.ID != "" {
+				t.Errorf("keyless message got key %q id %q", r.Key, m.ID)
+			}
+			continue
+		}
+		if p, ok := part[m.Key]; ok && p != r.Partition {
+			t.Errorf("key %s in partitions %d and %d", m.Key, p, r.Partition)
+		}
+		part[m.Key] = r.Partition
+		if m.Headers["h"] != "v" || m.ID == "" {
+			t.Errorf("record %s/%d@%d headers %v", r.Topic, r.Partition, r.Offset, m.Headers)
+		}
+	}
+	// Produce settings: acks=all and idempotence, checked on the client.
+	opts := sink.Client().OptValues(kgo.RequiredAcks)
+	if len(opts) != 1 || opts[0].(kgo.Acks) != kgo.AllISRAcks() {
+		t.Errorf("RequiredAcks %v, want all", opts)
+	}
+	if v := sink.Client().OptValue(kgo.DisableIdempotentWrite); v != false {
+		t.Errorf("idempotent writes disabled: %v", v)
+	}
+}
+
+func TestSinkReturnsProduceErrors(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t) // no topic auto-creation
+	sink := openSink(t, Config{Brokers: brokers, Topic: "missing-" + uniq("x"), Options: []kgo.Opt{kgo.UnknownTopicRetries(1)}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := sink.Publish(ctx, &ackwise.Message{ID: "a", Payload: []byte("x")})
+	if err == nil {
+		t.Fatal("publish to a missing topic succeeded")
+	}
+	if err := sink.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if err := sink.Publish(ctx, &ackwise.Message{Payload: []byte("x")}); !errors.Is(err, adapters.ErrClosed) {
+		t.Fatalf("publish after close: %v, want ErrClosed", err)
+	}
+}
+
+func TestOpenByURL(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1, time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	base := "kafka://" + brokers[0] + "/" + cfg.Topic
+	sink, err := adapters.OpenSink(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	if err := sink.Publish(ctx, &ackwise.Message{ID: "u1", Key: "k", Payload: []byte("p")}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := adapters.OpenSource(ctx, base+"?group="+cfg.Group+"&tiers=1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if !src.Capabilities().Delay {
+		t.Error("tiers from the URL not applied")
+	}
+	m := receiveN(t, src, 1)[0]
+	if m.ID != "u1" {
+		t.Fatalf("got %+v", m)
+	}
+	if _, err := adapters.OpenSource(ctx, "kafka://u:hunter2@"+brokers[0]+"/"+cfg.Topic+"?group=g&sasl=nope"); err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("bad sasl: %v", err)
+	}
+	if _, err := adapters.OpenSource(ctx, base); err == nil {
+		t.Fatal("source without group opened")
+	}
+}

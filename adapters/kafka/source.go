@@ -1,0 +1,864 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// Source consumes a topic (and its retry topics) as a member of a consumer
+// group and commits settled offsets only. See the package documentation for
+// its guarantees.
+//
+// Receive must be called from one goroutine at a time; Ack, Nack,
+// DeadLetter, Release, ExtendLease and Valid may be called concurrently from
+// many.
+type Source struct {
+	cfg     Config
+	cl      *kgo.Client
+	log     *slog.Logger
+	retries map[string]time.Duration // retry topic -> tier
+	caps    adapters.Capabilities
+
+	mu      sync.Mutex
+	parts   map[topicPartition]*partition
+	scratch []byte          // message building, under mu
+	pending []pendingRecord // polled, not yet delivered, under mu
+	pendIdx int
+
+	closed  atomic.Bool
+	closing chan struct{}
+
+	commitMu sync.Mutex // serializes commits: periodic, on revoke, on close
+	kick     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	closeMu  sync.Mutex
+	closeErr error
+}
+
+type topicPartition struct {
+	topic string
+	id    int32
+}
+
+type heldRecord struct {
+	rec *kgo.Record
+	seq int64
+	due time.Time
+}
+
+// receipt is a Message's Handle: where the record sits in its partition's
+// tracking.
+type receipt struct {
+	p   *partition
+	seq int64
+	off int64 // offset in the topic it was read from
+
+	origTopic string // where the record first sat (differs on retry topics)
+	origPart  int32
+	origOff   int64
+}
+
+// delivery puts a message and its receipt in one allocation.
+type delivery struct {
+	msg ackwise.Message
+	rc  receipt
+}
+
+var _ adapters.Source = (*Source)(nil)
+
+// NewSource joins cfg.Group on cfg.Topic (and its retry topics, when
+// cfg.RetryTiers are set) and returns once a broker answered. It fails when
+// the config is invalid (the error names the field and value) or no broker
+// can be reached before ctx is done.
+func NewSource(ctx context.Context, cfg Config) (*Source, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(true); err != nil {
+		return nil, err
+	}
+	s := &Source{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		retries: make(map[string]time.Duration, len(cfg.RetryTiers)),
+		parts:   make(map[topicPartition]*partition),
+		closing: make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	topics := []string{cfg.Topic}
+	for _, t := range cfg.RetryTiers {
+		name := cfg.RetryTopic(cfg.Topic, t)
+		s.retries[name] = t
+		topics = append(topics, name)
+	}
+	s.caps = adapters.Capabilities{
+		Log:        true,
+		Ordered:    true,
+		Delay:      len(cfg.RetryTiers) > 0,
+		DelayTiers: append([]time.Duration(nil), cfg.RetryTiers...),
+	}
+	if n := len(cfg.RetryTiers); n > 0 {
+		s.caps.MaxDelay = cfg.RetryTiers[n-1]
+	}
+	start := kgo.NewOffset().AtStart()
+	if cfg.StartOffset == "latest" {
+		start = kgo.NewOffset().AtEnd()
+	}
+	opts := append(cfg.clientOpts(),
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(topics...),
+		kgo.DisableAutoCommit(),
+		kgo.ConsumeResetOffset(start),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.OnPartitionsAssigned(s.onAssigned),
+		kgo.OnPartitionsRevoked(s.onRevoked),
+		kgo.OnPartitionsLost(s.onLost),
+	)
+	if len(cfg.RetryTiers) > 0 {
+		// A resumed retry partition joins the next fetch only after the
+		// fetch in flight returns, which waits up to FetchMaxWait (5s by
+		// default) when nothing is new: bound that wait by half the
+		// shortest tier.
+		opts = append(opts, kgo.FetchMaxWait(min(max(cfg.RetryTiers[0]/2, 100*time.Millisecond), 5*time.Second)))
+	}
+	opts = append(opts, cfg.Options...)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: new client: %w", err)
+	}
+	if err := cl.Ping(ctx); err != nil {
+		cl.Close()
+		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
+	}
+	s.cl = cl
+	go s.committer()
+	return s, nil
+}
+
+// Client returns the franz-go client behind the source, for metrics and
+// admin calls. Polling or committing with it breaks the source's guarantees.
+func (s *Source) Client() *kgo.Client { return s.cl }
+
+// Capabilities reports Log and Ordered; Delay, DelayTiers and MaxDelay (the
+// longest tier) when retry tiers are configured.
+func (s *Source) Capabilities() adapters.Capabilities { return s.caps }
+
+func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
+	// The settled offsets above each committed offset, left in the commit
+	// metadata by the previous owner: they are not delivered again.
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	offs, err := kadm.NewClient(cl).FetchOffsets(fctx, s.cfg.Group)
+	cancel()
+	if err != nil {
+		s.log.Warn("kafka: cannot read commit metadata; settled records above the committed offsets will be redelivered", "group", s.cfg.Group, "err", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for t, ids := range assigned {
+		_, retry := s.retries[t]
+		for _, id := range ids {
+			k := topicPartition{t, id}
+			if old := s.parts[k]; old != nil {
+				old.own.Store(ownGone)
+			}
+			p := newPartition(t, id, retry)
+			if o, ok := offs.Lookup(t, id); ok && o.Err == nil && o.At >= 0 {
+				p.skip = decodeSettled(o.At, o.Metadata)
+				if len(p.skip) == 0 {
+					p.skip = nil
+				}
+			}
+			s.parts[k] = p
+		}
+	}
+	s.log.Debug("kafka: partitions assigned", "group", s.cfg.Group, "partitions", assigned)
+}
+
+// onRevoked runs before revoked partitions are released: new deliveries
+// stop at once, running handlers get RevokeTimeout to settle, then what is
+// settled is committed synchronously.
+func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	s.mu.Lock()
+	var ps []*partition
+	var waits []chan struct{}
+	for t, ids := range revoked {
+		for _, id := range ids {
+			p := s.parts[topicPartition{t, id}]
+			if p == nil {
+				continue
+			}
+			p.own.Store(ownRevoking)
+			ps = append(ps, p)
+			if p.inflight > 0 {
+				if p.drained == nil {
+					p.drained = make(chan struct{})
+				}
+				waits = append(waits, p.drained)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if len(ps) == 0 {
+		return
+	}
+	if len(waits) > 0 && s.cfg.RevokeTimeout > 0 {
+		timer := time.NewTimer(s.cfg.RevokeTimeout)
+	wait:
+		for _, w := range waits {
+			select {
+			case <-w:
+			case <-timer.C:
+				s.log.Warn("kafka: revoke timeout: handlers still running on revoked partitions; their records will be redelivered", "group", s.cfg.Group, "timeout", s.cfg.RevokeTimeout)
+				break wait
+			case <-s.closing:
+				break wait
+			case <-ctx.Done():
+				break wait
+			}
+		}
+		timer.Stop()
+	}
+	s.commitMu.Lock()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	err := s.commitLocked(cctx, cl, ps)
+	cancel()
+	s.mu.Lock()
+	resume := s.dropLocked(ps)
+	s.mu.Unlock()
+	s.commitMu.Unlock()
+	if len(resume) > 0 {
+		cl.ResumeFetchPartitions(resume)
+	}
+	if err != nil {
+		s.log.Warn("kafka: commit on revoke failed; settled records may be redelivered", "group", s.cfg.Group, "err", err)
+	}
+	s.log.Debug("kafka: partitions revoked", "group", s.cfg.Group, "partitions", revoked)
+}
+
+// onLost marks partitions gone without committing: the group already gave
+// them to someone else.
+func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
+	s.mu.Lock()
+	var ps []*partition
+	for t, ids := range lost {
+		for _, id := range ids {
+			if p := s.parts[topicPartition{t, id}]; p != nil {
+				ps = append(ps, p)
+			}
+		}
+	}
+	resume := s.dropLocked(ps)
+	s.mu.Unlock()
+	if len(resume) > 0 {
+		cl.ResumeFetchPartitions(resume)
+	}
+	s.log.Warn("kafka: partitions lost", "group", s.cfg.Group, "partitions", lost)
+}
+
+// dropLocked forgets partitions; it returns those that were paused.
+func (s *Source) dropLocked(ps []*partition) map[string][]int32 {
+	var resume map[string][]int32
+	for _, p := range ps {
+		p.own.Store(ownGone)
+		k := topicPartition{p.topic, p.id}
+		if s.parts[k] == p {
+			delete(s.parts, k)
+		}
+		p.held = nil
+		if p.drained != nil {
+			close(p.drained)
+			p.drained = nil
+		}
+		if p.paused {
+			p.paused = false
+			if resume == nil {
+				resume = make(map[string][]int32)
+			}
+			resume[p.topic] = append(resume[p.topic], p.id)
+		}
+	}
+	return resume
+}
+
+// Receive fills buf with up to len(buf) records: retry records that came due
+// first, then records of the last poll, then, when it delivered nothing, it
+// polls again (at most Config.PollBatch records) and waits. Records of a
+// partition revoked since they were polled are dropped, never delivered.
+func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	for {
+		if s.closed.Load() {
+			return 0, adapters.ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		now := time.Now()
+		n, next, resume := s.takeDue(buf, now)
+		if len(resume) > 0 {
+			s.cl.ResumeFetchPartitions(resume)
+		}
+		k, pause := s.deliverPending(buf[n:], now)
+		n += k
+		if len(pause) > 0 {
+			s.cl.PauseFetchPartitions(pause)
+		}
+		if n > 0 {
+			return n, nil
+		}
+		if len(pause) > 0 {
+			continue // records were just held: wait for the first one due
+		}
+		pctx, cancel := ctx, context.CancelFunc(nil)
+		if !next.IsZero() {
+			pctx, cancel = context.WithDeadline(ctx, next)
+		}
+		fetches := s.cl.PollRecords(pctx, max(len(buf), s.cfg.PollBatch))
+		if cancel != nil {
+			cancel()
+		}
+		if fetches.IsClientClosed() {
+			return 0, adapters.ErrClosed
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+		})
+		s.stash(fetches)
+	}
+}
+
+// pendingRecord is a polled record not yet delivered, with the partition
+// (assignment) it was polled under.
+type pendingRecord struct {
+	r *kgo.Record
+	p *partition
+}
+
+// stash keeps the records of a poll for delivery.
+func (s *Source) stash(fetches kgo.Fetches) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pendIdx >= len(s.pending) {
+		clear(s.pending)
+		s.pending = s.pending[:0]
+		s.pendIdx = 0
+	}
+	var last *partition
+	fetches.EachRecord(func(r *kgo.Record) {
+		p := last
+		if p == nil || p.id != r.Partition || p.topic != r.Topic {
+			p = s.parts[topicPartition{r.Topic, r.Partition}]
+			last = p
+		}
+		if p != nil {
+			s.pending = append(s.pending, pendingRecord{r, p})
+		}
+	})
+}
+
+// takeDue delivers held retry records that are due. It returns how many it
+// delivered, when the next held record is due (zero if none) and partitions
+// to resume.
+func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next time.Time, resume map[string][]int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range s.parts {
+		if len(p.held) == 0 {
+			continue
+		}
+		i := 0
+		for ; i < len(p.held) && n < len(buf); i++ {
+			h := p.held[i]
+			if h.due.After(now) {
+				break
+			}
+			p.inflight++
+			buf[n] = s.message(p, h.rec, h.seq)
+			n++
+		}
+		p.held = p.held[i:]
+		if len(p.held) == 0 {
+			p.held = nil
+			if p.paused {
+				p.paused = false
+				if resume == nil {
+					resume = make(map[string][]int32)
+				}
+				resume[p.topic] = append(resume[p.topic], p.id)
+			}
+			continue
+		}
+		if d := p.held[0].due; next.IsZero() || d.Before(next) {
+			next = d
+		}
+	}
+	return n, next, resume
+}
+
+// deliverPending tracks stashed records and delivers those that may be
+// handled now, up to len(buf); retry records not yet due are held and their
+// partition paused.
+func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, pause map[string][]int32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for ; s.pendIdx < len(s.pending) && n < len(buf); s.pendIdx++ {
+		pr := s.pending[s.pendIdx]
+		s.pending[s.pendIdx] = pendingRecord{}
+		r, p := pr.r, pr.p
+		if p.own.Load() != ownOwned || (p.next >= 0 && r.Offset < p.next) {
+			continue // revoked since the poll, or seen before
+		}
+		if p.skip != nil {
+			if _, ok := p.skip[r.Offset]; ok {
+				p.trackSettled(r.Offset, r.LeaderEpoch)
+				continue
+			}
+		}
+		if p.retry {
+			if due := retryDue(r); len(p.held) > 0 || due.After(now) {
+				seq := p.track(r.Offset, r.LeaderEpoch, false)
+				p.held = append(p.held, heldRecord{rec: r, seq: seq, due: due})
+				if !p.paused {
+					p.paused = true
+					if pause == nil {
+						pause = make(map[string][]int32)
+					}
+					pause[p.topic] = append(pause[p.topic], p.id)
+				}
+				continue
+			}
+		}
+		seq := p.track(r.Offset, r.LeaderEpoch, true)
+		buf[n] = s.message(p, r, seq)
+		n++
+	}
+	return n, pause
+}
+
+func retryDue(r *kgo.Record) time.Time {
+	for _, h := range r.Headers {
+		if h.Key == HeaderRetryDue {
+			ms, err := strconv.ParseInt(string(h.Value), 10, 64)
+			if err == nil {
+				return time.UnixMilli(ms)
+			}
+		}
+	}
+	return time.Time{}
+}
+
+// message builds the Message of a record. Called with s.mu held (it uses
+// s.scratch). The key, the header values and the broker ID share one
+// string allocation.
+func (s *Source) message(p *partition, r *kgo.Record, seq int64) *ackwise.Message {
+	d := &delivery{}
+	m := &d.msg
+	d.rc = receipt{p: p, seq: seq, off: r.Offset, origTopic: r.Topic, origPart: r.Partition, origOff: r.Offset}
+	m.Payload = r.Value
+	m.Source = r.Topic
+	m.Partition = r.Partition
+	m.Offset = r.Offset
+	m.Attempt = 1
+	m.PublishedAt = r.Timestamp
+	m.Handle = &d.rc
+
+	b := s.scratch[:0]
+	b = append(b, r.Key...)
+	for _, kv := range r.Headers {
+		b = append(b, kv.Value...)
+	}
+	b = append(b, r.Topic...)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(r.Partition), 10)
+	b = append(b, '@')
+	b = strconv.AppendInt(b, r.Offset, 10)
+	s.scratch = b
+	blob := string(b)
+	i := 0
+	take := func(n int) string {
+		v := blob[i : i+n]
+		i += n
+		return v
+	}
+	if len(r.Key) > 0 {
+		m.Key = take(len(r.Key))
+	}
+	if len(r.Headers) > 0 {
+		h := make(ackwise.Headers, len(r.Headers))
+		for _, kv := range r.Headers {
+			k := kv.Key // franz-go already made it a string
+			v := take(len(kv.Value))
+			switch k {
+			case HeaderRetryDue:
+				continue
+			case HeaderOriginalTopic:
+				if p.retry {
+					d.rc.origTopic = v
+					continue
+				}
+			case HeaderOriginalPartition:
+				if p.retry {
+					if n, err := strconv.ParseInt(v, 10, 32); err == nil {
+						d.rc.origPart = int32(n)
+					}
+					continue
+				}
+			case HeaderOriginalOffset:
+				if p.retry {
+					if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+						d.rc.origOff = n
+					}
+					continue
+				}
+			case ackwise.HeaderAttempt:
+				if n, err := strconv.Atoi(v); err == nil && n > 0 {
+					m.Attempt = n
+				}
+			case ackwise.HeaderFirstFailure:
+				if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+					m.FirstFailure = t
+				}
+			}
+			h[k] = v
+		}
+		m.Headers = h
+		m.ID = h[ackwise.HeaderEventID]
+	}
+	m.BrokerID = blob[i:]
+	if p.retry {
+		m.Source = d.rc.origTopic
+		m.Partition = d.rc.origPart
+		m.Offset = d.rc.origOff
+	}
+	return m
+}
+
+// receiptOf returns msg's receipt, or an error when msg was not delivered by
+// a Source.
+func receiptOf(msg *ackwise.Message) (*receipt, error) {
+	if msg == nil {
+		return nil, errors.New("kafka: nil message")
+	}
+	rc, ok := msg.Handle.(*receipt)
+	if !ok || rc.p == nil {
+		return nil, fmt.Errorf("kafka: message %q was not delivered by a kafka source", msg.BrokerID)
+	}
+	return rc, nil
+}
+
+// settle moves msg to state st.
+func (s *Source) settle(msg *ackwise.Message, st uint8) error {
+	rc, err := receiptOf(msg)
+	if err != nil {
+		return err
+	}
+	p := rc.p
+	s.mu.Lock()
+	if p.own.Load() == ownGone {
+		s.mu.Unlock()
+		return fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
+	}
+	ok := p.settle(rc.seq, st)
+	kick := ok && st == stSettled && p.dirty()
+	s.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("kafka: %s: already settled or released", msg.BrokerID)
+	}
+	if kick {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+// checkValid fails with ErrReceiptInvalid when msg's partition is gone.
+func checkValid(msg *ackwise.Message) (*receipt, error) {
+	rc, err := receiptOf(msg)
+	if err != nil {
+		return nil, err
+	}
+	if rc.p.own.Load() == ownGone {
+		return nil, fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
+	}
+	return rc, nil
+}
+
+// Ack marks msg settled; its offset is committed once every record before it
+// in its partition is settled too. It returns an error wrapping
+// adapters.ErrReceiptInvalid when the partition was revoked.
+func (s *Source) Ack(_ context.Context, msg *ackwise.Message) error {
+	return s.settle(msg, stSettled)
+}
+
+// Release hands msg back unsettled: its offset is never committed by this
+// member, so the partition's next owner (or this member after a restart)
+// delivers it again. It does not seek back: a released record of a partition
+// this member keeps holds that partition's commit back until the member
+// leaves.
+func (s *Source) Release(_ context.Context, msg *ackwise.Message) error {
+	return s.settle(msg, stReleased)
+}
+
+// ExtendLease does nothing: a partition owned by this member has no lease.
+func (s *Source) ExtendLease(context.Context, *ackwise.Message, time.Duration) error { return nil }
+
+// Valid reports whether msg's partition is still owned by this member and
+// not being revoked. It does not lock.
+func (s *Source) Valid(msg *ackwise.Message) bool {
+	rc, ok := msg.Handle.(*receipt)
+	return ok && rc.p != nil && rc.p.own.Load() == ownOwned && !s.closed.Load()
+}
+
+// Nack moves msg to the retry topic of the smallest tier at least as long as
+// delay (the longest tier when none is), with ackwise-attempt incremented,
+// and marks it settled once the broker confirmed the move. Without retry
+// tiers it returns an error: the engine retries in place (blocking mode).
+func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error {
+	if len(s.cfg.RetryTiers) == 0 {
+		return fmt.Errorf("kafka: Nack without Config.RetryTiers: this source retries in place (Capabilities.Delay is false)")
+	}
+	rc, err := checkValid(msg)
+	if err != nil {
+		return err
+	}
+	tier := s.cfg.RetryTiers[len(s.cfg.RetryTiers)-1]
+	for _, t := range s.cfg.RetryTiers {
+		if t >= delay {
+			tier = t
+			break
+		}
+	}
+	now := time.Now()
+	rec := &kgo.Record{
+		Topic: s.cfg.RetryTopic(s.cfg.Topic, tier),
+		Value: msg.Payload,
+	}
+	if msg.Key != "" {
+		rec.Key = []byte(msg.Key)
+	}
+	rec.Headers = make([]kgo.RecordHeader, 0, len(msg.Headers)+6)
+	for k, v := range msg.Headers {
+		switch k {
+		case ackwise.HeaderAttempt, ackwise.HeaderFirstFailure, HeaderRetryDue, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset:
+			continue
+		}
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	}
+	first := msg.FirstFailure
+	if first.IsZero() {
+		first = now
+	}
+	attempt := msg.Attempt
+	if attempt < 1 {
+		attempt = 1
+	}
+	rec.Headers = append(rec.Headers,
+		kgo.RecordHeader{Key: ackwise.HeaderAttempt, Value: []byte(strconv.Itoa(attempt + 1))},
+		kgo.RecordHeader{Key: ackwise.HeaderFirstFailure, Value: []byte(first.UTC().Format(time.RFC3339Nano))},
+		kgo.RecordHeader{Key: HeaderRetryDue, Value: []byte(strconv.FormatInt(now.Add(tier).UnixMilli(), 10))},
+		kgo.RecordHeader{Key: HeaderOriginalTopic, Value: []byte(rc.origTopic)},
+		kgo.RecordHeader{Key: HeaderOriginalPartition, Value: []byte(strconv.FormatInt(int64(rc.origPart), 10))},
+		kgo.RecordHeader{Key: HeaderOriginalOffset, Value: []byte(strconv.FormatInt(rc.origOff, 10))},
+	)
+	if _, ok := msg.Headers[ackwise.HeaderEventID]; !ok && msg.ID != "" {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(msg.ID)})
+	}
+	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("kafka: %s: move to retry topic %s: %w", msg.BrokerID, rec.Topic, err)
+	}
+	return s.settle(msg, stSettled)
+}
+
+// DeadLetter produces msg to the dead-letter topic (same key, byte-identical
+// value, headers kept, envelope added as headers) with acks=all and marks it
+// settled once the broker confirmed.
+func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
+	if _, err := checkValid(msg); err != nil {
+		return err
+	}
+	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
+	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
+	}
+	return s.settle(msg, stSettled)
+}
+
+func deadLetterRecord(topic string, msg *ackwise.Message, env dlq.Envelope) *kgo.Record {
+	h := env.Apply(msg.Headers)
+	if _, ok := h[ackwise.HeaderEventID]; !ok && msg.ID != "" {
+		h[ackwise.HeaderEventID] = msg.ID
+	}
+	rec := &kgo.Record{Topic: topic, Value: msg.Payload, Headers: make([]kgo.RecordHeader, 0, len(h))}
+	if msg.Key != "" {
+		rec.Key = []byte(msg.Key)
+	}
+	for k, v := range h {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	}
+	return rec
+}
+
+// committer commits settled offsets at most once per CommitInterval, and only
+// when something was settled.
+func (s *Source) committer() {
+	defer close(s.done)
+	t := time.NewTimer(0)
+	<-t.C
+	for {
+		select {
+		case <-s.kick:
+		case <-s.stop:
+			return
+		}
+		s.commitMu.Lock()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := s.commitLocked(ctx, s.cl, nil)
+		cancel()
+		s.commitMu.Unlock()
+		if err != nil && !s.closed.Load() {
+			s.log.Warn("kafka: commit failed; will retry", "group", s.cfg.Group, "err", err)
+			select {
+			case s.kick <- struct{}{}:
+			default:
+			}
+		}
+		t.Reset(s.cfg.CommitInterval)
+		select {
+		case <-t.C:
+		case <-s.stop:
+			return
+		}
+	}
+}
+
+// commitLocked commits the settled offsets of ps (of every owned partition
+// when ps is nil) synchronously. The caller holds commitMu.
+func (s *Source) commitLocked(ctx context.Context, cl *kgo.Client, ps []*partition) error {
+	s.mu.Lock()
+	if ps == nil {
+		for _, p := range s.parts {
+			ps = append(ps, p)
+		}
+	}
+	offs := make(map[string]map[int32]kgo.EpochOffset)
+	metas := make(map[string]map[int32]string)
+	type pend struct {
+		p    *partition
+		off  int64
+		meta bool
+	}
+	var todo []pend
+	for _, p := range ps {
+		if !p.dirty() || p.own.Load() == ownGone {
+			continue
+		}
+		m := offs[p.topic]
+		if m == nil {
+			m = make(map[int32]kgo.EpochOffset)
+			offs[p.topic] = m
+		}
+		m[p.id] = kgo.EpochOffset{Epoch: p.commitEp, Offset: p.commitOff}
+		if meta := encodeSettled(p.commitOff, p.settledAbove()); meta != "" {
+			mm := metas[p.topic]
+			if mm == nil {
+				mm = make(map[int32]string)
+				metas[p.topic] = mm
+			}
+			mm[p.id] = meta
+		}
+		todo = append(todo, pend{p, p.commitOff, p.metaDirty})
+		p.metaDirty = false
+	}
+	s.mu.Unlock()
+	if len(todo) == 0 {
+		return nil
+	}
+	if len(metas) > 0 {
+		ctx = kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
+			for i := range req.Topics {
+				t := &req.Topics[i]
+				for j := range t.Partitions {
+					if meta, ok := metas[t.Topic][t.Partitions[j].Partition]; ok {
+						t.Partitions[j].Metadata = &meta
+					}
+				}
+			}
+			return nil
+		})
+	}
+	var cerr error
+	failed := map[topicPartition]bool{}
+	cl.CommitOffsetsSync(ctx, offs, func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, err error) {
+		if err != nil {
+			cerr = err
+			return
+		}
+		for _, t := range resp.Topics {
+			for _, p := range t.Partitions {
+				if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+					failed[topicPartition{t.Topic, p.Partition}] = true
+					cerr = fmt.Errorf("%s/%d: %w", t.Topic, p.Partition, err)
+				}
+			}
+		}
+	})
+	s.mu.Lock()
+	for _, t := range todo {
+		if (cerr != nil && len(failed) == 0) || failed[topicPartition{t.p.topic, t.p.id}] {
+			t.p.metaDirty = t.p.metaDirty || t.meta
+			continue
+		}
+		if t.off > t.p.committed {
+			t.p.committed = t.off
+		}
+	}
+	s.mu.Unlock()
+	return cerr
+}
+
+// Close commits what is settled, leaves the group (revoking, and so
+// committing, every partition) and closes the client. Deliveries not settled
+// are left for the next owner. Close is idempotent.
+func (s *Source) Close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
+	if s.closed.Swap(true) {
+		return s.closeErr
+	}
+	close(s.closing)
+	close(s.stop)
+	<-s.done
+	s.commitMu.Lock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	err := s.commitLocked(ctx, s.cl, nil)
+	cancel()
+	s.commitMu.Unlock()
+	s.cl.Close()
+	if err != nil {
+		s.closeErr = fmt.Errorf("kafka: final commit: %w", err)
+	}
+	return s.closeErr
+}

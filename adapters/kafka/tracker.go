@@ -1,0 +1,175 @@
+package kafka
+
+import (
+	"slices"
+	"sync/atomic"
+)
+
+// Entry states of a tracked record.
+const (
+	stInflight uint8 = iota // delivered (or held), not settled
+	stSettled               // acked, moved or dead-lettered: committable
+	stReleased              // handed back unsettled: not committable
+)
+
+// Partition ownership states.
+const (
+	ownOwned    int32 = iota // ours: deliver and settle
+	ownRevoking              // being revoked: settle, never deliver
+	ownGone                  // revoked or lost: settle calls fail
+)
+
+type entry struct {
+	off   int64
+	epoch int32
+	st    uint8
+}
+
+// partition tracks the delivered records of one assigned partition, in
+// offset order, and computes the offset that is safe to commit: that of the
+// first record not settled, or the one after the last tracked record when
+// all are. All fields but own are guarded by the source's mu.
+type partition struct {
+	topic string
+	id    int32
+	retry bool // a retry topic of the chain
+
+	own atomic.Int32
+
+	ents []entry // ents[head:] are tracked
+	head int
+	base int64 // sequence number of ents[0]: seq = base + index
+
+	next      int64 // offset after the last tracked record; -1 before any
+	commitOff int64 // safe commit offset; -1 before any record
+	commitEp  int32
+	committed int64 // last committed offset; -1 if none
+
+	inflight int           // tracked records delivered and neither settled nor released
+	drained  chan struct{} // closed when inflight reaches 0 while revoking
+
+	held   []heldRecord // retry-topic records not yet due, in offset order
+	paused bool
+
+	metaDirty bool               // settled records above the head changed since the last commit
+	skip      map[int64]struct{} // offsets settled by an earlier owner (commit metadata)
+}
+
+func newPartition(topic string, id int32, retry bool) *partition {
+	return &partition{topic: topic, id: id, retry: retry, next: -1, commitOff: -1, commitEp: -1, committed: -1}
+}
+
+// track appends a record and returns its sequence number. A record held
+// back (a retry record not yet due) is not in flight until delivered.
+func (p *partition) track(off int64, epoch int32, delivered bool) int64 {
+	if p.head > 0 && p.head >= len(p.ents)/2 && p.head >= 64 {
+		n := copy(p.ents, p.ents[p.head:])
+		p.ents = p.ents[:n]
+		p.base += int64(p.head)
+		p.head = 0
+	}
+	p.ents = append(p.ents, entry{off: off, epoch: epoch})
+	p.next = off + 1
+	if delivered {
+		p.inflight++
+	}
+	if p.commitOff < 0 || p.head == len(p.ents)-1 {
+		p.commitOff = off
+		p.commitEp = epoch
+	}
+	return p.base + int64(len(p.ents)-1)
+}
+
+// index returns the index into ents of sequence number seq, or -1.
+func (p *partition) index(seq int64) int {
+	i := int(seq - p.base)
+	if i < p.head || i >= len(p.ents) {
+		return -1
+	}
+	return i
+}
+
+// settle moves the record with sequence seq to state st. It returns false if
+// the record is not in flight (settled or released before).
+func (p *partition) settle(seq int64, st uint8) bool {
+	i := p.index(seq)
+	if i < 0 || p.ents[i].st != stInflight {
+		return false
+	}
+	p.ents[i].st = st
+	p.inflight--
+	if p.inflight == 0 && p.drained != nil {
+		close(p.drained)
+		p.drained = nil
+	}
+	if st == stSettled {
+		if i == p.head {
+			p.advance()
+		}
+		if p.head < len(p.ents) {
+			p.metaDirty = true
+		}
+	}
+	return true
+}
+
+// trackSettled appends a record an earlier owner already settled.
+func (p *partition) trackSettled(off int64, epoch int32) {
+	p.track(off, epoch, false)
+	i := len(p.ents) - 1
+	p.ents[i].st = stSettled
+	delete(p.skip, off)
+	if len(p.skip) == 0 {
+		p.skip = nil
+	}
+	if i == p.head {
+		p.advance()
+	}
+}
+
+// settledAbove returns the settled offsets above the commit offset.
+func (p *partition) settledAbove() []int64 {
+	var out []int64
+	for _, e := range p.ents[p.head:] {
+		if e.st == stSettled {
+			out = append(out, e.off)
+		}
+	}
+	for o := range p.skip { // skips not fetched again yet stay settled
+		if o > p.commitOff {
+			out = append(out, o)
+		}
+	}
+	if len(p.skip) > 0 {
+		slices.Sort(out)
+	}
+	return out
+}
+
+// advance pops settled records off the front and moves the commit offset.
+func (p *partition) advance() {
+	for p.head < len(p.ents) && p.ents[p.head].st == stSettled {
+		p.commitEp = p.ents[p.head].epoch
+		p.head++
+	}
+	off := p.next
+	if p.head < len(p.ents) {
+		off = p.ents[p.head].off
+		p.commitEp = p.ents[p.head].epoch
+	} else {
+		// Records an earlier owner settled (commit metadata) that follow
+		// need not be fetched to be committed past.
+		for {
+			if _, ok := p.skip[off]; !ok {
+				break
+			}
+			off++
+		}
+	}
+	if off > p.commitOff {
+		p.commitOff = off
+	}
+}
+
+// dirty reports whether the safe commit offset moved past the committed one.
+func (p *partition) dirty() bool { return p.commitOff > p.committed || p.metaDirty }

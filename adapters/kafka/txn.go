@@ -1,0 +1,220 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+)
+
+// TransactConfig configures a [TransactSession]. Of the embedded Config,
+// Brokers, Topic (the input), Group, PollBatch (the most records in one
+// transaction), StartOffset, TLS, SASL, ClientID, Logger and Options are
+// used; retry tiers and the dead-letter topic are not.
+type TransactConfig struct {
+	Config
+	// TransactionalID is the producer's transactional ID. It must be
+	// stable across restarts of the same logical worker and unique among
+	// running workers: a restarted worker with the same ID fences the old
+	// one. Required.
+	TransactionalID string
+}
+
+// Output is one record a [Transform] emits.
+type Output struct {
+	// Topic is where the record goes. Required.
+	Topic string
+	// Key picks the partition; empty means no key.
+	Key string
+	// Payload is the record value.
+	Payload []byte
+	// Headers are the record headers.
+	Headers ackwise.Headers
+	// ID, when set, is written as header ackwise-event-id.
+	ID string
+}
+
+// Transform handles one input message and emits its outputs. It runs inside
+// the transaction of the batch the message came in: returning an error
+// aborts the whole batch (its outputs are never visible to read_committed
+// consumers, its input offsets are not committed) and the batch is consumed
+// again. A Transform that fails for ever on one record therefore stops the
+// session: handle permanent failures inside it, for example by emitting the
+// record to a dead-letter topic, which then commits exactly once as well.
+type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output)) error
+
+// TransactSession is Kafka-to-Kafka exactly-once processing
+// (consume-transform-produce) on franz-go's GroupTransactSession: the outputs
+// of a batch and the batch's input offsets commit in one Kafka transaction,
+// or not at all. Consumers of the outputs must read with read_committed
+// isolation (the ackwise Source does). A rebalance during a batch aborts it,
+// and the next owner consumes it again.
+//
+// It is an opt-in mode beside [Source]: it does not run handlers through the
+// consumer engine, has no retry topics, and settles whole batches, not
+// records. Run must not be called concurrently with itself.
+type TransactSession struct {
+	cfg  TransactConfig
+	sess *kgo.GroupTransactSession
+	log  *slog.Logger
+
+	closeOnce sync.Once
+}
+
+// NewTransactSession joins cfg.Group on cfg.Topic with a transactional
+// producer. It fails when the config is invalid or no broker can be reached.
+func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSession, error) {
+	cfg.Config = cfg.Config.withDefaults()
+	if err := cfg.Config.validate(true); err != nil {
+		return nil, err
+	}
+	if cfg.TransactionalID == "" {
+		return nil, errors.New("kafka: TransactConfig.TransactionalID is empty")
+	}
+	start := kgo.NewOffset().AtStart()
+	if cfg.StartOffset == "latest" {
+		start = kgo.NewOffset().AtEnd()
+	}
+	opts := append(cfg.clientOpts(),
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topic),
+		kgo.TransactionalID(cfg.TransactionalID),
+		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		kgo.ConsumeResetOffset(start),
+		kgo.RequireStableFetchOffsets(),
+	)
+	opts = append(opts, cfg.Options...)
+	sess, err := kgo.NewGroupTransactSession(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: new transact session: %w", err)
+	}
+	if err := sess.Client().Ping(ctx); err != nil {
+		sess.Close()
+		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
+	}
+	return &TransactSession{cfg: cfg, sess: sess, log: cfg.Logger}, nil
+}
+
+// Run consumes batches and runs fn on each message until ctx is done (then
+// it returns nil) or the transaction fails in a way that cannot be retried
+// (then it returns the error). Each batch commits exactly once: outputs and
+// input offsets together.
+func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		fetches := s.sess.PollRecords(ctx, s.cfg.PollBatch)
+		if fetches.IsClientClosed() {
+			return adapters.ErrClosed
+		}
+		fetches.EachError(func(t string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+				s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+			}
+		})
+		if fetches.NumRecords() == 0 {
+			continue
+		}
+		if err := s.batch(ctx, fetches, fn); err != nil {
+			return err
+		}
+	}
+}
+
+// batch runs one transaction.
+func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Transform) error {
+	if err := s.sess.Begin(); err != nil {
+		return fmt.Errorf("kafka: begin transaction: %w", err)
+	}
+	var mu sync.Mutex
+	var produceErr, failed error
+	emit := func(o Output) {
+		rec := &kgo.Record{Topic: o.Topic, Value: o.Payload}
+		if o.Key != "" {
+			rec.Key = []byte(o.Key)
+		}
+		rec.Headers = recordHeaders(&ackwise.Message{ID: o.ID, Headers: o.Headers})
+		s.sess.Produce(ctx, rec, func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				if produceErr == nil {
+					produceErr = err
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	fetches.EachRecord(func(r *kgo.Record) {
+		if failed != nil || ctx.Err() != nil {
+			return
+		}
+		if err := fn(ctx, plainMessage(r), emit); err != nil {
+			failed = fmt.Errorf("%s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+		}
+	})
+	// End flushes the outputs; it must not be cut short by ctx (that could
+	// leave the transaction open), so it gets its own bound.
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	// Flush first so that a failed output aborts instead of committing.
+	ferr := s.sess.Client().Flush(endCtx)
+	mu.Lock()
+	perr := produceErr
+	mu.Unlock()
+	if perr == nil && ferr != nil {
+		perr = ferr
+	}
+	commit := failed == nil && perr == nil && ctx.Err() == nil
+	committed, err := s.sess.End(endCtx, kgo.TransactionEndTry(commit))
+	switch {
+	case err != nil:
+		return fmt.Errorf("kafka: end transaction: %w", err)
+	case committed:
+		return nil
+	case failed != nil:
+		s.log.Warn("kafka: transform failed; transaction aborted, the batch will be consumed again", "err", failed)
+	case perr != nil:
+		s.log.Warn("kafka: produce failed; transaction aborted, the batch will be consumed again", "err", perr)
+	default:
+		s.log.Info("kafka: transaction aborted (rebalance or shutdown); the batch will be consumed again")
+	}
+	return nil
+}
+
+// Close aborts nothing (End already ran for every batch), leaves the group
+// and closes the client.
+func (s *TransactSession) Close() error {
+	s.closeOnce.Do(s.sess.Close)
+	return nil
+}
+
+// plainMessage converts a record outside any source's tracking.
+func plainMessage(r *kgo.Record) *ackwise.Message {
+	m := &ackwise.Message{
+		Key:         string(r.Key),
+		Payload:     r.Value,
+		Source:      r.Topic,
+		Partition:   r.Partition,
+		Offset:      r.Offset,
+		Attempt:     1,
+		PublishedAt: r.Timestamp,
+		BrokerID:    r.Topic + "/" + strconv.FormatInt(int64(r.Partition), 10) + "@" + strconv.FormatInt(r.Offset, 10),
+	}
+	if len(r.Headers) > 0 {
+		m.Headers = make(ackwise.Headers, len(r.Headers))
+		for _, h := range r.Headers {
+			m.Headers[h.Key] = string(h.Value)
+		}
+		m.ID = m.Headers[ackwise.HeaderEventID]
+	}
+	return m
+}

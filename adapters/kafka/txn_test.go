@@ -1,0 +1,131 @@
+package kafka
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+)
+
+// TestTransactSessionExactlyOnce transforms records in transactions; the
+// first attempt at one batch fails and is aborted. A read_committed reader
+// sees every output exactly once; a read_uncommitted one also sees the
+// aborted attempt's outputs.
+func TestTransactSessionExactlyOnce(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 2)
+	out := cfg.Topic + ".out"
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := CreateTopics(ctx, Config{Brokers: brokers, Topic: out}, 2, 1); err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	in := publishN(t, openSink(t, cfg), n, func(i int) string { return "k" + string(rune('a'+i%5)) })
+	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	var failedOnce, calls atomic.Int64
+	fn := func(_ context.Context, m *ackwise.Message, emit func(Output)) error {
+		calls.Add(1)
+		emit(Output{Topic: out, Key: m.Key, Payload: bytes.ToUpper(append([]byte("out-"), m.Payload...)), ID: m.ID})
+		if m.ID == in[n/2].ID && failedOnce.Add(1) == 1 {
+			return errors.New("transient failure mid-batch")
+		}
+		return nil
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sess.Run(runCtx, fn) }()
+
+	// Wait until the input offsets are committed (by the transaction):
+	// polling the broker, which has no commit notification.
+	adm := kadm.NewClient(sess.sess.Client())
+	for {
+		offs, err := adm.FetchOffsets(ctx, cfg.Group)
+		if err == nil {
+			var sum int64
+			offs.Each(func(o kadm.OffsetResponse) { sum += o.At })
+			if sum == n {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatal("input offsets never committed")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if failedOnce.Load() < 1 || calls.Load() <= n {
+		t.Fatalf("no aborted attempt happened (failures %d, calls %d)", failedOnce.Load(), calls.Load())
+	}
+	committedRecs := readIsolated(ctx, t, brokers, out, kgo.ReadCommitted())
+	seen := map[string]int{}
+	for _, r := range committedRecs {
+		seen[recordMessage(r).ID]++
+	}
+	for _, m := range in {
+		if seen[m.ID] != 1 {
+			t.Errorf("read_committed sees %s %d times, want exactly once", m.ID, seen[m.ID])
+		}
+	}
+	if len(committedRecs) != n {
+		t.Errorf("read_committed sees %d outputs, want %d", len(committedRecs), n)
+	}
+	if all := readIsolated(ctx, t, brokers, out, kgo.ReadUncommitted()); len(all) <= n {
+		t.Errorf("read_uncommitted sees %d outputs: the aborted attempt wrote nothing, so the test proved nothing", len(all))
+	}
+}
+
+// readIsolated reads topic to its end with the given isolation level,
+// outside any group. With read_committed, the end is the last stable offset.
+func readIsolated(ctx context.Context, t *testing.T, brokers []string, topic string, iso kgo.IsolationLevel) []*kgo.Record {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(iso))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListEndOffsets(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int32]int64{}
+	ends.Each(func(o kadm.ListedOffset) {
+		if o.Offset > 0 {
+			want[o.Partition] = o.Offset
+		}
+	})
+	var out []*kgo.Record
+	rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	// Transaction markers take offsets: a read_committed reader may never
+	// see a record at end-1, so read until a fetch brings nothing new.
+	for len(want) > 0 {
+		fs := cl.PollFetches(rctx)
+		if rctx.Err() != nil {
+			break
+		}
+		fs.EachRecord(func(r *kgo.Record) {
+			out = append(out, r)
+			if end, ok := want[r.Partition]; ok && r.Offset+2 >= end {
+				delete(want, r.Partition)
+			}
+		})
+	}
+	return out
+}

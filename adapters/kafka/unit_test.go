@@ -1,0 +1,191 @@
+package kafka
+
+import (
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestTrackerCommitsBelowFirstUnsettled(t *testing.T) {
+	p := newPartition("t", 0, false)
+	var seqs []int64
+	offs := []int64{10, 11, 13, 14, 20}
+	for _, off := range offs { // gaps: compaction, txn markers
+		seqs = append(seqs, p.track(off, 1, true))
+	}
+	if p.commitOff != 10 {
+		t.Fatalf("commit offset %d before any settle, want 10", p.commitOff)
+	}
+	// Out of order, as parallel handlers of different keys settle.
+	steps := []struct {
+		i    int
+		want int64
+	}{{2, 10}, {4, 10}, {1, 10}, {0, 14}, {3, 21}}
+	for _, s := range steps {
+		if !p.settle(seqs[s.i], stSettled) {
+			t.Fatalf("settle %d refused", s.i)
+		}
+		if p.commitOff != s.want {
+			t.Fatalf("after settling offset %d: commit %d, want %d", offs[s.i], p.commitOff, s.want)
+		}
+	}
+	if p.settle(seqs[0], stSettled) {
+		t.Fatal("second settle of the same record accepted")
+	}
+	if p.inflight != 0 {
+		t.Fatalf("inflight %d", p.inflight)
+	}
+}
+
+func TestTrackerReleasedHoldsCommit(t *testing.T) {
+	p := newPartition("t", 0, false)
+	a := p.track(0, 0, true)
+	b := p.track(1, 0, true)
+	p.settle(b, stSettled)
+	p.settle(a, stReleased)
+	if p.commitOff != 0 {
+		t.Fatalf("commit %d past a released record", p.commitOff)
+	}
+	if got := p.settledAbove(); !slices.Equal(got, []int64{1}) {
+		t.Fatalf("settled above %v, want [1]", got)
+	}
+}
+
+func TestTrackerCompaction(t *testing.T) {
+	p := newPartition("t", 0, false)
+	var seqs []int64
+	for off := int64(0); off < 1000; off++ {
+		seqs = append(seqs, p.track(off, 0, true))
+		if off%3 == 2 { // settle in bursts, oldest last
+			for _, s := range []int64{seqs[off], seqs[off-1], seqs[off-2]} {
+				if !p.settle(s, stSettled) {
+					t.Fatalf("settle seq %d refused at offset %d", s, off)
+				}
+			}
+		}
+	}
+	p.settle(seqs[999], stSettled)
+	if p.commitOff != 1000 || len(p.ents)-p.head != 0 {
+		t.Fatalf("commit %d, tracked %d", p.commitOff, len(p.ents)-p.head)
+	}
+	if len(p.ents) > 200 {
+		t.Fatalf("tracking slice grew to %d: not compacted", len(p.ents))
+	}
+}
+
+func TestSettledMetadataRoundTrip(t *testing.T) {
+	offs := []int64{101, 102, 150, 100000}
+	meta := encodeSettled(100, offs)
+	got := decodeSettled(100, meta)
+	if len(got) != len(offs) {
+		t.Fatalf("decoded %v from %q", got, meta)
+	}
+	for _, o := range offs {
+		if _, ok := got[o]; !ok {
+			t.Fatalf("offset %d lost in %q", o, meta)
+		}
+	}
+	if decodeSettled(100, "something else") != nil {
+		t.Fatal("foreign metadata decoded")
+	}
+	many := make([]int64, 10000)
+	for i := range many {
+		many[i] = int64(200 + i*1000)
+	}
+	if m := encodeSettled(100, many); len(m) > maxMetaBytes {
+		t.Fatalf("metadata %d bytes, limit %d", len(m), maxMetaBytes)
+	}
+}
+
+func TestFormatTier(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		time.Minute: "1m", 10 * time.Minute: "10m", 90 * time.Minute: "1h30m",
+		30 * time.Second: "30s", 500 * time.Millisecond: "500ms", 2 * time.Hour: "2h", 61 * time.Second: "1m1s",
+	} {
+		if got := FormatTier(d); got != want {
+			t.Errorf("FormatTier(%v) = %q, want %q", d, got, want)
+		}
+	}
+	if got := DefaultRetryTopic("orders", time.Minute); got != "orders.retry.1m" {
+		t.Errorf("DefaultRetryTopic = %q", got)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	ok := Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "orders", Group: "g"}
+	cases := []struct {
+		name   string
+		change func(*Config)
+		want   string // substring of the error; empty: valid
+	}{
+		{"valid", func(*Config) {}, ""},
+		{"no brokers", func(c *Config) { c.Brokers = nil }, "Config.Brokers"},
+		{"bad broker", func(c *Config) { c.Brokers = []string{"a b"} }, `Config.Brokers[0] = "a b"`},
+		{"no topic", func(c *Config) { c.Topic = "" }, "Config.Topic is empty"},
+		{"bad topic", func(c *Config) { c.Topic = "or/ders" }, `Config.Topic = "or/ders"`},
+		{"no group", func(c *Config) { c.Group = "" }, "Config.Group"},
+		{"negative tier", func(c *Config) { c.RetryTiers = []time.Duration{-time.Second} }, "Config.RetryTiers[0] = -1s"},
+		{"duplicate tier", func(c *Config) { c.RetryTiers = []time.Duration{time.Second, time.Second} }, "1s twice"},
+		{"colliding retry topic", func(c *Config) {
+			c.RetryTiers = []time.Duration{time.Second}
+			c.RetryTopic = func(string, time.Duration) string { return "orders.dlq" }
+		}, "collides"},
+		{"dlq is topic", func(c *Config) { c.DeadLetterTopic = "orders" }, `Config.DeadLetterTopic = "orders"`},
+		{"bad start", func(c *Config) { c.StartOffset = "middle" }, `Config.StartOffset = "middle"`},
+		{"negative commit interval", func(c *Config) { c.CommitInterval = -time.Second }, "Config.CommitInterval = -1s"},
+		{"bad revoke timeout", func(c *Config) { c.RevokeTimeout = -2 }, "Config.RevokeTimeout"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := ok
+			c.change(&cfg)
+			err := cfg.withDefaults().validate(true)
+			switch {
+			case c.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+				t.Fatalf("error %v, want one containing %q", err, c.want)
+			}
+		})
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	u, _ := url.Parse("kafka://alice:s3cret@h1:9092,h2:9093/orders?group=billing&tiers=10m,1m&dlq=orders.dead&sasl=scram-sha-512&tls=true&commit_interval=50ms")
+	cfg, err := ParseURL(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cfg.Brokers, []string{"h1:9092", "h2:9093"}) || cfg.Topic != "orders" || cfg.Group != "billing" ||
+		cfg.DeadLetterTopic != "orders.dead" || cfg.TLS == nil || cfg.SASL == nil || cfg.SASL.Name() != "SCRAM-SHA-512" ||
+		cfg.CommitInterval != 50*time.Millisecond || len(cfg.RetryTiers) != 2 {
+		t.Fatalf("parsed %+v", cfg)
+	}
+	if got := cfg.withDefaults().retryTopics(); !slices.Equal(got, []string{"orders.retry.1m", "orders.retry.10m"}) {
+		t.Fatalf("retry topics %v", got)
+	}
+	bad := []string{
+		"kafka://alice:s3cret@h1:9092/orders?sasl=kerberos",
+		"kafka://alice:s3cret@h1:9092/orders",
+		"kafka://h1:9092/orders?tiers=soon",
+		"kafka://h1:9092/",
+		"kafka:///orders",
+		"kafka://h1:9092/orders?tls=maybe",
+	}
+	for _, raw := range bad {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		_, err = ParseURL(u)
+		if err == nil {
+			t.Errorf("%s: no error", u.Redacted())
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("error leaks the password: %v", err)
+		}
+	}
+}

@@ -1,0 +1,173 @@
+package kafka
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/sasl/plain"
+	"github.com/twmb/franz-go/pkg/sasl/scram"
+
+	"github.com/ackwise/ackwise/adapters"
+)
+
+func init() {
+	adapters.Register("kafka", adapters.Opener{
+		OpenSource: func(ctx context.Context, u *url.URL) (adapters.Source, error) {
+			cfg, err := ParseURL(u)
+			if err != nil {
+				return nil, err
+			}
+			return NewSource(ctx, cfg)
+		},
+		OpenSink: func(ctx context.Context, u *url.URL) (adapters.Sink, error) {
+			cfg, err := ParseURL(u)
+			if err != nil {
+				return nil, err
+			}
+			return NewSink(ctx, cfg)
+		},
+	})
+}
+
+// ParseURL reads a Config from a kafka:// URL:
+//
+//	kafka://[user:password@]host:9092[,host2:9092]/topic?group=g&tiers=1m,10m&dlq=orders.dlq
+//
+// Query parameters:
+//   - group: the consumer group (required to open a source);
+//   - tiers: retry tiers, comma-separated Go durations (turns on retry topics);
+//   - retry_prefix: retry topics are named <retry_prefix><tier> instead of
+//     <topic>.retry.<tier>;
+//   - dlq: the dead-letter topic (default <topic>.dlq);
+//   - commit_interval, revoke_timeout: Go durations;
+//   - start: earliest (default) or latest;
+//   - client_id;
+//   - tls: true to dial with TLS; tls_ca (PEM file of CAs to trust),
+//     tls_cert and tls_key (PEM files of a client certificate),
+//     tls_server_name, tls_insecure_skip_verify=true (tests only);
+//   - sasl: plain, scram-sha-256 or scram-sha-512, with the user and
+//     password from the URL's user info.
+//
+// Errors name the bad parameter and never contain the password.
+func ParseURL(u *url.URL) (Config, error) {
+	var cfg Config
+	if u.Scheme != "kafka" {
+		return cfg, fmt.Errorf("kafka: URL %q: scheme must be kafka", u.Redacted())
+	}
+	if u.Host == "" {
+		return cfg, fmt.Errorf("kafka: URL %q: no brokers (want kafka://host:9092/topic)", u.Redacted())
+	}
+	cfg.Brokers = strings.Split(u.Host, ",")
+	cfg.Topic = strings.TrimPrefix(u.Path, "/")
+	if cfg.Topic == "" {
+		return cfg, fmt.Errorf("kafka: URL %q: no topic in the path", u.Redacted())
+	}
+	q := u.Query()
+	cfg.Group = q.Get("group")
+	cfg.DeadLetterTopic = q.Get("dlq")
+	cfg.ClientID = q.Get("client_id")
+	cfg.StartOffset = q.Get("start")
+	if v := q.Get("tiers"); v != "" {
+		for _, f := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(f))
+			if err != nil {
+				return cfg, fmt.Errorf("kafka: URL parameter tiers = %q: %q is not a duration", v, f)
+			}
+			cfg.RetryTiers = append(cfg.RetryTiers, d)
+		}
+	}
+	if v := q.Get("retry_prefix"); v != "" {
+		cfg.RetryTopic = func(_ string, tier time.Duration) string { return v + FormatTier(tier) }
+	}
+	for name, dst := range map[string]*time.Duration{"commit_interval": &cfg.CommitInterval, "revoke_timeout": &cfg.RevokeTimeout} {
+		if v := q.Get(name); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				return cfg, fmt.Errorf("kafka: URL parameter %s = %q: not a duration", name, v)
+			}
+			*dst = d
+		}
+	}
+	tlsCfg, err := tlsFromQuery(q)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.TLS = tlsCfg
+	if mech := q.Get("sasl"); mech != "" {
+		user := u.User.Username()
+		pass, _ := u.User.Password()
+		if user == "" {
+			return cfg, fmt.Errorf("kafka: URL parameter sasl = %q needs a user in the URL (kafka://user:password@host/...)", mech)
+		}
+		switch strings.ToLower(mech) {
+		case "plain":
+			cfg.SASL = plain.Auth{User: user, Pass: pass}.AsMechanism()
+		case "scram-sha-256":
+			cfg.SASL = scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()
+		case "scram-sha-512":
+			cfg.SASL = scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()
+		default:
+			return cfg, fmt.Errorf("kafka: URL parameter sasl = %q: want plain, scram-sha-256 or scram-sha-512", mech)
+		}
+	} else if _, has := u.User.Password(); has {
+		return cfg, fmt.Errorf("kafka: URL %q has a password but no sasl parameter (plain, scram-sha-256 or scram-sha-512)", u.Redacted())
+	}
+	return cfg, nil
+}
+
+func tlsFromQuery(q url.Values) (*tls.Config, error) {
+	on := false
+	if v := q.Get("tls"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: URL parameter tls = %q: want true or false", v)
+		}
+		on = b
+	}
+	for _, k := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name", "tls_insecure_skip_verify"} {
+		if q.Get(k) != "" {
+			on = true
+		}
+	}
+	if !on {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: q.Get("tls_server_name")}
+	if v := q.Get("tls_insecure_skip_verify"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: URL parameter tls_insecure_skip_verify = %q: want true or false", v)
+		}
+		c.InsecureSkipVerify = b
+	}
+	if f := q.Get("tls_ca"); f != "" {
+		pem, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: URL parameter tls_ca = %q: %w", f, err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("kafka: URL parameter tls_ca = %q: no PEM certificate in it", f)
+		}
+		c.RootCAs = pool
+	}
+	certF, keyF := q.Get("tls_cert"), q.Get("tls_key")
+	if (certF == "") != (keyF == "") {
+		return nil, fmt.Errorf("kafka: URL parameters tls_cert = %q and tls_key = %q: give both or neither", certF, keyF)
+	}
+	if certF != "" {
+		cert, err := tls.LoadX509KeyPair(certF, keyF)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: URL parameters tls_cert = %q, tls_key = %q: %w", certF, keyF, err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}

@@ -1,0 +1,295 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters/kafka"
+	"github.com/ackwise/ackwise/consumer"
+)
+
+// Kafka benchmarks run against an in-process kfake broker: they compare
+// clients on the same broker, they do not measure Kafka.
+//
+//	go test -run '^$' -bench 'Kafka' -benchtime 100000x -count 5 .
+
+const (
+	kafkaPartitions = 4
+	kafkaKeys       = 1000
+	kafkaValueSize  = 100
+)
+
+func kafkaCluster(b *testing.B) []string {
+	b.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
+
+func kafkaName(prefix string) string {
+	var r [5]byte
+	_, _ = rand.Read(r[:])
+	return prefix + "-" + hex.EncodeToString(r[:])
+}
+
+// kafkaProduce creates topic and fills it with n records over keys keys,
+// each with an ackwise-event-id header, outside the timer.
+func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32, n, keys int) {
+	b.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cl.Close()
+	ctx := context.Background()
+	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
+		b.Fatal(err)
+	}
+	value := make([]byte, kafkaValueSize)
+	var failed atomic.Value
+	for i := 0; i < n; i++ {
+		cl.Produce(ctx, &kgo.Record{
+			Topic:   topic,
+			Key:     []byte("key-" + strconv.Itoa(i%keys)),
+			Value:   value,
+			Headers: []kgo.RecordHeader{{Key: ackwise.HeaderEventID, Value: []byte("ev-" + strconv.Itoa(i))}, {Key: "seq", Value: []byte(strconv.Itoa(i))}},
+		}, func(_ *kgo.Record, err error) {
+			if err != nil {
+				failed.Store(err)
+			}
+		})
+	}
+	if err := cl.Flush(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err, _ := failed.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkKafkaConsumeCommit consumes b.N records with a no-op handler and
+// commits them, side by side: the raw franz-go poll/handle/commit loop (the
+// ceiling), the ackwise source driven directly (Receive/Ack), the ackwise
+// engine on the source (what users run), and Watermill's Kafka subscriber
+// (Sarama). Each op is one record; joining the group and the final commit
+// are inside the timer for all.
+func BenchmarkKafkaConsumeCommit(b *testing.B) {
+	b.Run("raw-franz-go", func(b *testing.B) {
+		brokers := kafkaCluster(b)
+		topic := kafkaName("raw")
+		kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		// The same isolation level as the ackwise source (read_committed):
+		// kfake serves it more slowly than read_uncommitted, and the ratio
+		// is about the client side.
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(topic+"-g"), kgo.ConsumeTopics(topic),
+			kgo.DisableAutoCommit(), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx := context.Background()
+		var sink int
+		for n := 0; n < b.N; {
+			fs := cl.PollFetches(ctx)
+			if err := fs.Err0(); err != nil {
+				b.Fatal(err)
+			}
+			fs.EachRecord(func(r *kgo.Record) { sink += len(r.Value); n++ })
+			if err := cl.CommitUncommittedOffsets(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		cl.Close()
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		_ = sink
+	})
+
+	b.Run("ackwise-source", func(b *testing.B) {
+		brokers := kafkaCluster(b)
+		topic := kafkaName("src")
+		kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		ctx := context.Background()
+		src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		buf := make([]*ackwise.Message, 64)
+		var sink int
+		for n := 0; n < b.N; {
+			k, err := src.Receive(ctx, buf)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, m := range buf[:k] {
+				sink += len(m.Payload)
+				if err := src.Ack(ctx, m); err != nil {
+					b.Fatal(err)
+				}
+			}
+			n += k
+		}
+		if err := src.Close(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		_ = sink
+	})
+
+	b.Run("ackwise-engine", func(b *testing.B) {
+		brokers := kafkaCluster(b)
+		topic := kafkaName("eng")
+		kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		ctx := context.Background()
+		src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var n atomic.Int64
+		all := make(chan struct{})
+		h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+			if n.Add(1) == int64(b.N) {
+				close(all)
+			}
+			return nil
+		})
+		runEngine(b, src, h, consumer.Config{}, all)
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	})
+
+	b.Run("watermill-kafka", func(b *testing.B) {
+		brokers := kafkaCluster(b)
+		topic := kafkaName("wm")
+		kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
+		b.ReportAllocs()
+		b.ResetTimer()
+		start := time.Now()
+		scfg := wkafka.DefaultSaramaSubscriberConfig()
+		scfg.Consumer.Offsets.Initial = sarama.OffsetOldest
+		sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+			Brokers:               brokers,
+			Unmarshaler:           wkafka.DefaultMarshaler{},
+			OverwriteSaramaConfig: scfg,
+			ConsumerGroup:         topic + "-g",
+		}, watermill.NopLogger{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ch, err := sub.Subscribe(ctx, topic)
+		if err != nil {
+			b.Fatal(err)
+		}
+		var sink int
+		for n := 0; n < b.N; n++ {
+			m := <-ch
+			sink += len(m.Payload)
+			m.Ack()
+		}
+		cancel()
+		if err := sub.Close(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		_ = sink
+	})
+}
+
+// runEngine runs the ackwise engine on src until all is closed, then stops
+// it and closes src (the final commit).
+func runEngine(b *testing.B, src *kafka.Source, h ackwise.Handler, cfg consumer.Config, all chan struct{}) {
+	b.Helper()
+	c, err := consumer.New(src, h, cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	select {
+	case <-all:
+	case err := <-done:
+		b.Fatalf("Run returned early: %v", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	if err := src.Close(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// BenchmarkKafkaKeyParallel handles one partition of 10,000 records over
+// 1,000 keys with a 2 ms handler, with one worker (sequential) and with 64
+// workers (key-parallel within the partition), and checks per-key order.
+// Each op is the whole batch.
+func BenchmarkKafkaKeyParallel(b *testing.B) {
+	const records, keys = 10000, 1000
+	for _, workers := range []int{1, 64} {
+		b.Run(fmt.Sprintf("workers-%d", workers), func(b *testing.B) {
+			brokers := kafkaCluster(b)
+			var elapsed time.Duration
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				topic := kafkaName("kp")
+				kafkaProduce(b, brokers, topic, 1, records, keys)
+				b.StartTimer()
+				start := time.Now()
+				src, err := kafka.NewSource(context.Background(), kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				var mu sync.Mutex
+				last := make(map[string]int, keys)
+				var outOfOrder, n atomic.Int64
+				all := make(chan struct{})
+				h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+					time.Sleep(2 * time.Millisecond)
+					seq, _ := strconv.Atoi(m.Headers["seq"])
+					mu.Lock()
+					if prev, ok := last[m.Key]; ok && seq < prev {
+						outOfOrder.Add(1)
+					}
+					last[m.Key] = seq
+					mu.Unlock()
+					if n.Add(1) == records {
+						close(all)
+					}
+					return nil
+				})
+				runEngine(b, src, h, consumer.Config{Concurrency: workers}, all)
+				elapsed += time.Since(start)
+				if o := outOfOrder.Load(); o != 0 {
+					b.Fatalf("%d records handled out of per-key order", o)
+				}
+			}
+			b.ReportMetric(float64(records*b.N)/elapsed.Seconds(), "msgs/s")
+		})
+	}
+}
