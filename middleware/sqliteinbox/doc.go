@@ -1,0 +1,19 @@
+// Package sqliteinbox is the SQLite store of the idempotency inbox and the
+// version gate (package middleware), on modernc.org/sqlite (pure Go, no cgo):
+// the embedded default for examples and single-node services.
+//
+// As with pginbox, the inbox record is inserted in a transaction the handler
+// writes its effects through ([Tx]), and commits with them or not at all.
+// SQLite allows one writer at a time, so claims are serialized: expect
+// hundreds to a few thousand messages per second, not the throughput of a
+// server database.
+//
+//	db, err := sqliteinbox.Open("app.db")
+//	store, err := sqliteinbox.New(db, sqliteinbox.Config{})
+//	err = store.Migrate(ctx)
+//	inbox, err := middleware.Inbox(store, middleware.InboxConfig{Consumer: "billing"})
+//	handler := ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+//		_, err := sqliteinbox.Tx(ctx).ExecContext(ctx, `UPDATE accounts SET balance = balance + ? WHERE id = ?`, amount, id)
+//		return err
+//	})
+package sqliteinbox

@@ -1,0 +1,319 @@
+package sqliteinbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/ackwise/ackwise/middleware"
+)
+
+// Default table names.
+const (
+	DefaultTable        = "ackwise_inbox"
+	DefaultVersionTable = "ackwise_versions"
+)
+
+// DefaultBusyTimeout is how long [Open] lets a transaction wait for
+// SQLite's single write lock before failing with SQLITE_BUSY (a transient
+// error: the message is retried).
+const DefaultBusyTimeout = 10 * time.Second
+
+// DefaultPruneBatch is the number of rows one DELETE of [Store.Prune]
+// removes.
+const DefaultPruneBatch = 5000
+
+// Open opens the SQLite database file at path (created if missing) with the
+// settings the inbox wants: WAL journal, a busy timeout of
+// DefaultBusyTimeout, and transactions that take the write lock at BEGIN
+// (_txlock=immediate), so claimers queue for the lock instead of failing on
+// upgrade; every transaction on the returned *sql.DB does so, including the
+// application's own. Pass the result to [New]. The driver is
+// modernc.org/sqlite (pure Go, no cgo).
+func Open(path string) (*sql.DB, error) {
+	if path == "" {
+		return nil, errors.New(`sqliteinbox: Open path is ""`)
+	}
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", DefaultBusyTimeout.Milliseconds()))
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	if err != nil {
+		return nil, fmt.Errorf("sqliteinbox: open %q: %w", path, err)
+	}
+	return db, nil
+}
+
+// errClosedClaim is returned by a second Commit or Rollback of one claim.
+var errClosedClaim = errors.New("sqliteinbox: claim already ended")
+
+// Config configures [New]. The zero value means the documented defaults.
+type Config struct {
+	// Table is the inbox table; it must match [A-Za-z_][A-Za-z0-9_]* and be
+	// at most 46 bytes. Default DefaultTable.
+	Table string
+	// VersionTable is the version gate's table, with the same rules. Default
+	// DefaultVersionTable.
+	VersionTable string
+}
+
+// Store is the SQLite inbox ([middleware.InboxStore]) and version store
+// ([middleware.VersionStore]), the embedded default for examples and
+// single-node services. It is safe for concurrent use. SQLite has one writer
+// at a time, and each claim holds the write lock from its INSERT until its
+// handler returns: handlers run one at a time however many workers the
+// consumer has, and a handler that writes through the *sql.DB instead of
+// [Tx] waits for its own claim's lock (until the busy timeout).
+type Store struct {
+	db           *sql.DB
+	table        string
+	versionTable string
+
+	claimSQL   string
+	versionSQL string
+	pruneSQL   string
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,45}$`)
+
+// New returns a Store over db (best opened with [Open]). It validates cfg
+// (an error names the field and the value) but does not touch the database;
+// call [Store.Migrate] first.
+func New(db *sql.DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("sqliteinbox: db is nil")
+	}
+	if cfg.Table == "" {
+		cfg.Table = DefaultTable
+	}
+	if cfg.VersionTable == "" {
+		cfg.VersionTable = DefaultVersionTable
+	}
+	if !identRE.MatchString(cfg.Table) {
+		return nil, fmt.Errorf("sqliteinbox: Config.Table %q must match [A-Za-z_][A-Za-z0-9_]* and be at most 46 bytes", cfg.Table)
+	}
+	if !identRE.MatchString(cfg.VersionTable) {
+		return nil, fmt.Errorf("sqliteinbox: Config.VersionTable %q must match [A-Za-z_][A-Za-z0-9_]* and be at most 46 bytes", cfg.VersionTable)
+	}
+	if strings.EqualFold(cfg.Table, cfg.VersionTable) {
+		return nil, fmt.Errorf("sqliteinbox: Config.VersionTable %q is the same as Config.Table", cfg.VersionTable)
+	}
+	s := &Store{db: db, table: `"` + cfg.Table + `"`, versionTable: `"` + cfg.VersionTable + `"`}
+	s.claimSQL = `INSERT INTO ` + s.table + ` (consumer, event_id, processed_at) VALUES (?, ?, ?) ON CONFLICT DO NOTHING`
+	s.versionSQL = `INSERT INTO ` + s.versionTable + ` AS cur (consumer, aggregate, version, updated_at) VALUES (?, ?, ?, ?)
+ON CONFLICT (consumer, aggregate) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at
+WHERE cur.version < excluded.version`
+	s.pruneSQL = `DELETE FROM ` + s.table + ` WHERE (consumer, event_id) IN (SELECT consumer, event_id FROM ` + s.table + ` WHERE processed_at < ? LIMIT ?)`
+	return s, nil
+}
+
+// SchemaSQL returns the DDL [Store.Migrate] runs. Times are Unix
+// milliseconds.
+func (s *Store) SchemaSQL() string {
+	idx := `"` + strings.Trim(s.table, `"`) + `_processed_at_idx"`
+	return `CREATE TABLE IF NOT EXISTS ` + s.table + ` (
+	consumer     TEXT    NOT NULL,
+	event_id     TEXT    NOT NULL,
+	processed_at INTEGER NOT NULL,
+	PRIMARY KEY (consumer, event_id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS ` + idx + ` ON ` + s.table + ` (processed_at);
+CREATE TABLE IF NOT EXISTS ` + s.versionTable + ` (
+	consumer   TEXT    NOT NULL,
+	aggregate  TEXT    NOT NULL,
+	version    INTEGER NOT NULL,
+	updated_at INTEGER NOT NULL,
+	PRIMARY KEY (consumer, aggregate)
+) WITHOUT ROWID;`
+}
+
+// Migrate creates the inbox and version tables if they do not exist.
+func (s *Store) Migrate(ctx context.Context) error {
+	if _, err := s.db.ExecContext(ctx, s.SchemaSQL()); err != nil {
+		return fmt.Errorf("sqliteinbox: migrate: %w", err)
+	}
+	return nil
+}
+
+type ctxKey struct{}
+
+type txState struct {
+	store *Store
+	tx    *sql.Tx
+}
+
+// Tx returns the transaction of the inbox (or version gate) claim the
+// handler runs in, or nil when ctx carries none. Write the handler's effects
+// through it: they commit with the inbox record when the handler returns nil
+// and roll back with it when the handler fails. The handler must not call
+// its Commit or Rollback (the inbox does), and must not use it from two
+// goroutines at once.
+func Tx(ctx context.Context) *sql.Tx {
+	st, _ := ctx.Value(ctxKey{}).(*txState)
+	if st == nil {
+		return nil
+	}
+	return st.tx
+}
+
+// ClaimEvent implements [middleware.InboxStore] with INSERT … ON CONFLICT DO
+// NOTHING in a new transaction (or a savepoint of an enclosing claim of the
+// same Store). Concurrent claimers queue on SQLite's write lock.
+func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middleware.Claim, bool, error) {
+	return s.claim(ctx, s.claimSQL, key.Consumer, key.EventID, time.Now().UnixMilli())
+}
+
+// ClaimVersion implements [middleware.VersionStore] with an upsert that
+// writes version only where it is newer than the stored one.
+func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, bool, error) {
+	return s.claim(ctx, s.versionSQL, key.Consumer, key.Aggregate, version, time.Now().UnixMilli())
+}
+
+func (s *Store) claim(ctx context.Context, query string, args ...any) (middleware.Claim, bool, error) {
+	c := &claim{store: s}
+	if st, _ := ctx.Value(ctxKey{}).(*txState); st != nil && st.store == s {
+		c.tx, c.savepoint = st.tx, true
+		if _, err := c.tx.ExecContext(ctx, `SAVEPOINT ackwise_claim`); err != nil {
+			return nil, false, fmt.Errorf("sqliteinbox: savepoint: %w", err)
+		}
+	} else {
+		tx, err := s.db.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, false, fmt.Errorf("sqliteinbox: begin: %w", err)
+		}
+		c.tx = tx
+	}
+	res, err := c.tx.ExecContext(ctx, query, args...)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil || n == 0 {
+		_ = c.Rollback(context.WithoutCancel(ctx))
+		if err != nil {
+			return nil, false, fmt.Errorf("sqliteinbox: claim: %w", err)
+		}
+		return nil, false, nil
+	}
+	return c, true, nil
+}
+
+type claim struct {
+	store     *Store
+	tx        *sql.Tx
+	savepoint bool
+	ended     bool
+}
+
+func (c *claim) Context(ctx context.Context) context.Context {
+	return context.WithValue(ctx, ctxKey{}, &txState{store: c.store, tx: c.tx})
+}
+
+func (c *claim) Commit(ctx context.Context) error {
+	if c.ended {
+		return errClosedClaim
+	}
+	c.ended = true
+	if c.savepoint {
+		_, err := c.tx.ExecContext(ctx, `RELEASE ackwise_claim`)
+		return err
+	}
+	return c.tx.Commit()
+}
+
+func (c *claim) Rollback(ctx context.Context) error {
+	if c.ended {
+		return errClosedClaim
+	}
+	c.ended = true
+	if c.savepoint {
+		if _, err := c.tx.ExecContext(ctx, `ROLLBACK TO ackwise_claim`); err != nil {
+			return err
+		}
+		_, err := c.tx.ExecContext(ctx, `RELEASE ackwise_claim`)
+		return err
+	}
+	return c.tx.Rollback()
+}
+
+// Prune deletes the inbox records committed more than olderThan ago (by
+// this process's clock), in batches of DefaultPruneBatch, and returns how
+// many it deleted. Version records are never pruned.
+func (s *Store) Prune(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < 0 {
+		return 0, fmt.Errorf("sqliteinbox: Prune olderThan %v is negative", olderThan)
+	}
+	cutoff := time.Now().Add(-olderThan).UnixMilli()
+	var total int64
+	for {
+		res, err := s.db.ExecContext(ctx, s.pruneSQL, cutoff, DefaultPruneBatch)
+		if err != nil {
+			return total, fmt.Errorf("sqliteinbox: prune: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return total, fmt.Errorf("sqliteinbox: prune: %w", err)
+		}
+		total += n
+		if n < DefaultPruneBatch {
+			return total, nil
+		}
+	}
+}
+
+// PruneEvery is a retention job: it calls [Store.Prune](ctx, olderThan)
+// at once and then every interval until ctx is done, and returns ctx's
+// error. A failed run is passed to onError (nil ignores it) and does not stop
+// the job. Start it in a goroutine of its own; running it in several
+// instances at once is safe. An interval of zero or less is an error.
+func (s *Store) PruneEvery(ctx context.Context, interval, olderThan time.Duration, onError func(error)) error {
+	if interval <= 0 {
+		return fmt.Errorf("sqliteinbox: PruneEvery interval %v must be positive", interval)
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		if _, err := s.Prune(ctx, olderThan); err != nil && ctx.Err() == nil && onError != nil {
+			onError(err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Handled reports whether key has a committed inbox record.
+func (s *Store) Handled(ctx context.Context, key middleware.InboxKey) (bool, error) {
+	var ok bool
+	err := s.db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.table+` WHERE consumer = ? AND event_id = ?)`,
+		key.Consumer, key.EventID).Scan(&ok)
+	if err != nil {
+		return false, fmt.Errorf("sqliteinbox: handled: %w", err)
+	}
+	return ok, nil
+}
+
+// Version returns the last version committed for key, and false when there
+// is none.
+func (s *Store) Version(ctx context.Context, key middleware.VersionKey) (int64, bool, error) {
+	var v int64
+	err := s.db.QueryRowContext(ctx, `SELECT version FROM `+s.versionTable+` WHERE consumer = ? AND aggregate = ?`,
+		key.Consumer, key.Aggregate).Scan(&v)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("sqliteinbox: version: %w", err)
+	}
+	return v, true, nil
+}
