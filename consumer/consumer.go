@@ -127,7 +127,11 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 func (c *Consumer) Stats() Stats {
 	c.mu.Lock()
 	inflight := c.inflight
-	paused := c.breaker != nil && c.breaker.open
+	var paused bool
+	var held, trips int
+	if b := c.breaker; b != nil {
+		paused, held, trips = b.open, len(b.held), b.trips
+	}
 	c.mu.Unlock()
 	o := &c.stats.outcomes
 	return Stats{
@@ -142,6 +146,8 @@ func (c *Consumer) Stats() Stats {
 		ReceiveErrors: c.stats.receiveErrors.Load(),
 		InFlight:      inflight,
 		Paused:        paused,
+		Held:          held,
+		BreakerTrips:  trips,
 	}
 }
 
@@ -388,9 +394,15 @@ func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
 		c.release(msg)
 		return false
 	}
-	start := time.Now()
+	var start time.Time
+	if c.cfg.Observer != nil {
+		start = time.Now()
+	}
 	err := c.invoke(ctx, msg)
-	elapsed := time.Since(start)
+	var elapsed time.Duration
+	if c.cfg.Observer != nil {
+		elapsed = time.Since(start)
+	}
 	if err == nil {
 		if c.breaker != nil {
 			c.breakerSuccess()

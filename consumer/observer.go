@@ -58,6 +58,12 @@ type Stats struct {
 	InFlight int
 	// Paused reports whether the breaker holds consumption paused.
 	Paused bool
+	// Held is the number of messages the open breaker holds in flight,
+	// waiting for the dependency to come back (a running probe is not
+	// counted).
+	Held int
+	// BreakerTrips counts how often the breaker opened.
+	BreakerTrips int
 }
 
 type counters struct {

@@ -1,0 +1,74 @@
+// Package memory is an in-process broker with real semantics, for tests,
+// examples and benchmarks of ackwise consumers and producers. It is not a
+// channel: it behaves as the brokers ackwise runs on do, so that code tested
+// on it meets no surprise in production.
+//
+// # Queues (like SQS, RabbitMQ)
+//
+// A queue ([Broker.CreateQueue], [Broker.QueueSource]) leases each delivered
+// message for its visibility timeout ([QueueConfig.Lease]); a message neither
+// acked nor nacked in time is delivered again. The broker counts receives
+// (Message.Attempt, Capabilities.DeliveryCount), redelivers after a Nack's
+// delay, extends leases, and, with [QueueConfig.MaxReceives], moves a message
+// to the dead-letter queue instead of delivering it once more (SQS's
+// maxReceiveCount). Several sources on one queue are competing consumers. A
+// FIFO queue ([QueueConfig.FIFO]) keeps at most one message per key in
+// flight and delivers each key's messages in publish order.
+//
+// # Logs (like Kafka)
+//
+// A topic ([Broker.CreateTopic]) has partitions; a record goes to the
+// partition of murmur2(key), as with Kafka's default partitioner. Members of
+// a consumer group ([Broker.JoinGroup]) share the partitions by range
+// assignment, redone when a member joins, closes or crashes; deliveries of a
+// partition a member lost become invalid (Valid is false, settles fail with
+// adapters.ErrReceiptInvalid). Ack marks a record settled, and the group's
+// committed offset advances only over a settled prefix (invariant 2), so a
+// new member resumes at the first unsettled record. [Broker.SeekGroup]
+// replays or skips. Nack is not supported on a log (Capabilities.Delay is
+// false: the engine retries in place); DeadLetter writes to "<topic>.dlq".
+//
+// # Time
+//
+// The broker reads time from its [Config.Clock]. A [VirtualClock] makes leases
+// and delays run out only when a test advances it. Blocked receivers are
+// woken by a publish or settle, or by one timer per queue set for the next
+// deadline; nothing polls.
+//
+// # History, faults and outages
+//
+// The broker records what happens to each message ([Event]: published,
+// delivered, acked, nacked, dead-lettered, released, expired, committed…);
+// [Broker.History] and [Broker.WaitHistory] read it, and package memorytest
+// turns it into one-line assertions. [Broker.InjectFault] and the sources'
+// InjectFault inject deterministic faults ([Fault]): a crash between handler
+// and ack, a lost ack, a failed ack, a duplicate delivery, a reordered batch,
+// a failed or hung publish. [Broker.Outage] makes the broker unavailable for
+// a window of clock time.
+//
+// # Cost
+//
+// Publish copies each payload into a shared arena and the headers into one
+// map (the only per-message allocation; a Go map is two). A message's first
+// delivery is embedded in the stored message itself, so Receive hands it out
+// without a copy or an allocation; redeliveries (and deliveries to a second
+// consumer group) copy the stored fields into deliveries carved from slabs.
+// Ack finds its delivery through Message.Handle, without a lookup. Nothing
+// runs per message in the background: no goroutine, timer or channel. On the
+// system clock, Valid (always) and Ack (with history off and no outage)
+// judge leases by the last Receive's clock reading rather than reading the
+// clock per message; see QueueSource.Valid and QueueSource.Ack. Turn
+// history off ([Config.DisableHistory]) and bound topics
+// ([TopicConfig.Retention]) in long benchmarks.
+//
+// A delivered message's ID, Key, Payload, Headers, Source, Partition,
+// Offset, BrokerID and PublishedAt are shared with its later deliveries: a
+// receiver must not change them (nor the payload's bytes or the headers'
+// entries). Attempt, FirstFailure and Handle belong to the delivery.
+//
+// # URLs
+//
+// Importing the package registers the "mem" scheme with adapters.Register:
+// "mem://orders" is the queue orders on [Default], "mem://events?partitions=4&group=billing"
+// a consumer-group member on a log; see [ParamLease] for the parameters.
+package memory

@@ -1,0 +1,54 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+)
+
+// Sink publishes into one queue or topic.
+//
+// Publish returns once every message is stored: the in-memory equivalent of
+// a publisher confirm. It copies each message's payload and headers, so the
+// caller may reuse its buffers at once. It sets the ackwise-event-id header
+// from Message.ID; a message with an empty ID keeps its headers as they are
+// (the broker never invents an ID; an ID already in the headers is used as
+// the stored message's ID). Publish may be called concurrently.
+type Sink struct {
+	b      *Broker
+	d      destination
+	closed atomic.Bool
+}
+
+var _ adapters.Sink = (*Sink)(nil)
+
+// Name returns the queue or topic the sink publishes into.
+func (s *Sink) Name() string { return s.d.base().name }
+
+// Publish stores msgs in order. On a topic each message goes to the
+// partition of its key. It fails with adapters.ErrClosed after Close,
+// ErrNotFound once the destination was deleted, ErrUnavailable during an
+// outage, ctx's error when ctx is done, and as an injected publish fault
+// says; on an injected failure the messages before the failing one are
+// stored.
+func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
+	if s.closed.Load() {
+		return adapters.ErrClosed
+	}
+	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("memory: Publish: msgs[%d] is nil", i)
+		}
+	}
+	return s.b.publishInto(ctx, s.d, msgs)
+}
+
+// Close makes later Publish calls fail with adapters.ErrClosed. Nothing is
+// buffered, so there is nothing to flush.
+func (s *Sink) Close() error {
+	s.closed.Store(true)
+	return nil
+}

@@ -1,0 +1,156 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/memory"
+	"github.com/ackwise/ackwise/adapters/memory/memorytest"
+)
+
+func TestURLQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := memorytest.UniqueName(t)
+	sink, err := adapters.OpenSink(ctx, "mem://"+name+"?lease=5s&max_receives=3&fifo=true&dlq="+name+"-dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	src, err := adapters.OpenSource(ctx, "mem://"+name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	caps := src.Capabilities()
+	if caps.Lease != 5*time.Second || !caps.Ordered || caps.Log {
+		t.Fatalf("caps %+v", caps)
+	}
+	if err := sink.Publish(ctx, msg("a", "k")); err != nil {
+		t.Fatal(err)
+	}
+	if m := recvOne(t, src); m.ID != "a" {
+		t.Fatalf("got %q", m.ID)
+	}
+	// Same parameters again: fine; other ones: a conflict.
+	if s, err := adapters.OpenSource(ctx, "mem:"+name); err != nil {
+		t.Fatalf("opaque form: %v", err)
+	} else {
+		s.Close()
+	}
+	if s, err := adapters.OpenSource(ctx, "mem:///"+name+"?lease=5s&max_receives=3&fifo=true&dlq="+name+"-dead"); err != nil {
+		t.Fatalf("same parameters: %v", err)
+	} else {
+		s.Close()
+	}
+	if _, err := adapters.OpenSource(ctx, "mem://"+name+"?lease=6s"); !errors.Is(err, memory.ErrConflict) {
+		t.Fatalf("other lease: %v", err)
+	}
+	memory.Default().Delete(name)
+}
+
+func TestURLLog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := memorytest.UniqueName(t)
+	u := "mem://" + name + "?partitions=3&group=billing"
+	sink, err := adapters.OpenSink(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := adapters.OpenSource(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if !a.Capabilities().Log {
+		t.Fatal("not a log source")
+	}
+	if err := sink.Publish(ctx, &ackwise.Message{ID: "x", Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	m := recvOne(t, a)
+	if m.Partition != memory.PartitionOf("k", 3) {
+		t.Fatalf("partition %d", m.Partition)
+	}
+	if err := a.Ack(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	memorytest.WaitForCommitted(t, memory.Default(), name, "billing", m.Partition, 1)
+	// A plain sink URL publishes into the existing topic.
+	plain, err := adapters.OpenSink(ctx, "mem://"+name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := plain.Publish(ctx, &ackwise.Message{ID: "y", Key: "k"}); err != nil {
+		t.Fatal(err)
+	}
+	if m := recvOne(t, a); m.ID != "y" {
+		t.Fatalf("got %q", m.ID)
+	}
+	memory.Default().Delete(name)
+}
+
+func TestURLErrors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, c := range []struct{ url, want string }{
+		{"mem://", "names no queue"},
+		{"mem://q?lease=abc", `lease = "abc"`},
+		{"mem://q?lease=-1s", `lease = "-1s"`},
+		{"mem://q?max_receives=-2", `max_receives = "-2"`},
+		{"mem://q?max_receives=x", `max_receives = "x"`},
+		{"mem://q?fifo=maybe", `fifo = "maybe"`},
+		{"mem://q?partitions=0", `partitions = "0"`},
+		{"mem://q?partitions=two", `partitions = "two"`},
+		{"mem://q?retention=-1", `retention = "-1"`},
+		{"mem://q?group=", `group = ""`},
+		{"mem://q?dlq=", `dlq = ""`},
+		{"mem://q?colour=blue", `unknown URL parameter colour = "blue"`},
+		{"mem://q?lease=1s&lease=2s", "lease given 2 times"},
+		{"mem://q?partitions=2&lease=1s", `lease = "1s" is a queue parameter`},
+		{"mem://q?partitions=2", "needs a consumer group"},
+		{"mem://q?%zz", "URL query"},
+	} {
+		_, err := adapters.OpenSource(ctx, c.url)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("OpenSource(%q) = %v, want error containing %q", c.url, err, c.want)
+		}
+	}
+	if _, err := adapters.OpenSink(ctx, "mem://q?colour=blue"); err == nil || !strings.Contains(err.Error(), "colour") {
+		t.Errorf("OpenSink with unknown parameter = %v", err)
+	}
+}
+
+// Not parallel: it swaps the package-level broker (parallel tests wait
+// until it is done).
+func TestSetDefault(t *testing.T) {
+	prev := memory.Default()
+	defer memory.SetDefault(prev)
+	clk := memory.NewVirtualClock(time.Time{})
+	b, err := memory.New(memory.Config{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	memory.SetDefault(b)
+	src, err := adapters.OpenSource(context.Background(), "mem://set-default?lease=1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	memorytest.Publish(t, b, "set-default", msg("a", ""))
+	m := recvOne(t, src)
+	clk.Advance(time.Minute) // the URL's source runs on b's virtual clock
+	if src.Valid(m) {
+		t.Fatal("lease did not run out on the virtual clock")
+	}
+	memory.SetDefault(nil)
+	if memory.Default() == b || memory.Default() == nil {
+		t.Fatal("SetDefault(nil) did not go back to a fresh broker")
+	}
+}
