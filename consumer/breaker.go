@@ -148,6 +148,27 @@ func (c *Consumer) breakerFailure(msg *ackwise.Message) bool {
 	return true
 }
 
+// probeEnded is called (with c.mu held) when the probe message finished
+// without telling whether the dependency is back: it was dead-lettered,
+// discarded or released. Probe again with the next held message, or close
+// the breaker when nothing is held any more.
+func (c *Consumer) probeEnded() {
+	b := c.breaker
+	b.probing = nil
+	if !b.open {
+		return
+	}
+	if len(b.held) > 0 && !c.stopping.Load() {
+		if b.probe == nil {
+			b.probe = c.clock.AfterFunc(b.probeDelay, c.runProbe)
+		}
+		return
+	}
+	b.open = false
+	b.stopProbe()
+	c.signalSpace()
+}
+
 // runProbe runs one held message to test the dependency.
 func (c *Consumer) runProbe() {
 	c.mu.Lock()

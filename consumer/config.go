@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"time"
@@ -112,9 +113,10 @@ type Config struct {
 	// set with ackwise.Permanent/RetryAfter/Discard. Unrecognized errors are
 	// transient.
 	Classifiers []ackwise.Classifier
-	// PanicClass is the class of a handler panic. Default ClassPermanent: a
-	// panic is a bug, and retrying a bug only repeats it.
-	PanicClass ackwise.Class
+	// RetryPanics makes a handler panic transient (retried with backoff).
+	// Default false: a panic is permanent and dead-lettered at once — a panic
+	// is a bug, and retrying a bug only repeats it.
+	RetryPanics bool
 
 	// Inbox is the idempotency middleware (middleware.Inbox). It runs inside
 	// the engine's recover and classification and outside Middleware, so the
@@ -157,9 +159,6 @@ func (c Config) withDefaults() Config {
 	if c.DrainTimeout == 0 {
 		c.DrainTimeout = DefaultDrainTimeout
 	}
-	if c.PanicClass == ackwise.ClassTransient {
-		c.PanicClass = ackwise.ClassPermanent
-	}
 	if c.Clock == nil {
 		c.Clock = ackwise.SystemClock
 	}
@@ -176,16 +175,14 @@ func (c Config) validate() error {
 		return fmt.Errorf("consumer: Concurrency = %d: must be positive (0 means %d)", c.Concurrency, DefaultConcurrency)
 	case c.MaxInFlight < 0:
 		return fmt.Errorf("consumer: MaxInFlight = %d: must be positive (0 means Concurrency × %d)", c.MaxInFlight, DefaultInFlightPerWorker)
-	case c.MaxInFlight > 0 && c.MaxInFlight < max(c.Concurrency, 1):
-		return fmt.Errorf("consumer: MaxInFlight = %d is below Concurrency = %d: workers would idle", c.MaxInFlight, c.Concurrency)
+	case c.MaxInFlight > 0 && c.MaxInFlight < cmp.Or(c.Concurrency, DefaultConcurrency):
+		return fmt.Errorf("consumer: MaxInFlight = %d is below Concurrency = %d: workers would idle", c.MaxInFlight, cmp.Or(c.Concurrency, DefaultConcurrency))
 	case c.ReceiveBatch < 0:
 		return fmt.Errorf("consumer: ReceiveBatch = %d: must be positive (0 means %d)", c.ReceiveBatch, DefaultReceiveBatch)
 	case c.Ordering < OrderKey || c.Ordering > OrderNone:
 		return fmt.Errorf("consumer: Ordering = %d: not one of OrderKey, OrderPartition, OrderNone", int(c.Ordering))
 	case c.RetryMode < RetryAuto || c.RetryMode > RetryBroker:
 		return fmt.Errorf("consumer: RetryMode = %d: not one of RetryAuto, RetryInPlace, RetryBroker", int(c.RetryMode))
-	case c.PanicClass < ackwise.ClassTransient || c.PanicClass > ackwise.ClassDiscard:
-		return fmt.Errorf("consumer: PanicClass = %d: not a class", int(c.PanicClass))
 	case c.DrainTimeout < -1:
 		return fmt.Errorf("consumer: DrainTimeout = %v: must be positive, 0 (default %v) or -1 (no limit)", c.DrainTimeout, DefaultDrainTimeout)
 	}

@@ -50,7 +50,6 @@ type Consumer struct {
 	waiting   map[*ackwise.Message]ackwise.Timer // in-place retries
 	leases    map[*ackwise.Message]time.Time     // when the lease was last set
 	breaker   *breakerState
-	handlerCx context.Context
 }
 
 // laneKey names the messages that must run one at a time.
@@ -162,14 +161,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning
 	}
-	defer c.running.Store(false)
 
 	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelHandlers()
 	c.mu.Lock()
 	c.stopping.Store(false)
 	c.drained = make(chan struct{})
-	c.handlerCx = handlerCtx
 	c.mu.Unlock()
 	c.work = make(chan *ackwise.Message, c.cfg.MaxInFlight)
 
@@ -197,12 +194,38 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stop()
 	err := c.awaitDrain(cancelHandlers)
 	close(quit)
+	if err != nil {
+		// Handlers are stuck past their cancelled context. Hand back what
+		// is still queued, return, and stay "running" until the stuck
+		// workers come back, so a new Run cannot mix with them.
+		c.releaseQueued()
+		go func() {
+			workers.Wait()
+			hb.Wait()
+			c.running.Store(false)
+		}()
+		return err
+	}
 	workers.Wait()
 	hb.Wait()
-	if err == nil && recvErr != nil {
-		err = recvErr
+	c.running.Store(false)
+	return recvErr
+}
+
+// releaseQueued releases every message waiting on the work queue and behind
+// it in its lane, after the drain deadline.
+func (c *Consumer) releaseQueued() {
+	for {
+		select {
+		case msg := <-c.work:
+			for msg != nil {
+				c.release(msg)
+				msg = c.finish(msg)
+			}
+		default:
+			return
+		}
 	}
-	return err
 }
 
 // receiveLoop fills free in-flight slots from the source until ctx is done.
@@ -223,6 +246,10 @@ func (c *Consumer) receiveLoop(ctx context.Context) error {
 			c.stats.received.Add(uint64(n))
 			c.dispatch(buf[:n])
 			clear(buf[:n])
+		} else if err == nil && ctx.Err() == nil {
+			// The contract says Receive blocks for at least one message;
+			// do not spin on one that does not.
+			err = errors.New("consumer: source returned no message and no error")
 		}
 		if err != nil {
 			if ctx.Err() != nil {
@@ -348,6 +375,9 @@ func (c *Consumer) finish(msg *ackwise.Message) *ackwise.Message {
 	if c.stopping.Load() && c.inflight == 0 {
 		close(c.drained)
 	}
+	if b := c.breaker; b != nil && msg == b.probing {
+		c.probeEnded()
+	}
 	k, ordered := c.laneOf(msg)
 	if !ordered {
 		return nil
@@ -410,16 +440,20 @@ func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
 		c.settle(msg, Acked, elapsed, c.src.Ack(context.WithoutCancel(ctx), msg))
 		return false
 	}
-	if ackwise.IsShutdown(ctx, err) {
-		// The engine cancelled the handler at the drain deadline: the work
-		// did not finish, so the message is not settled (invariant 7).
+	if ctx.Err() != nil {
+		// The engine cancelled the handler at the drain deadline: whatever
+		// it returned, the work did not finish, so the message is not
+		// settled (invariant 7).
 		c.release(msg)
 		return false
 	}
 	cl := ackwise.Classify(err, c.cfg.Classifiers...)
 	var panicked *panicError
 	if errors.As(err, &panicked) {
-		cl = ackwise.Classification{Class: c.cfg.PanicClass}
+		cl = ackwise.Classification{Class: ackwise.ClassPermanent}
+		if c.cfg.RetryPanics {
+			cl.Class = ackwise.ClassTransient
+		}
 	}
 	return c.fail(ctx, msg, err, cl, elapsed)
 }
@@ -456,8 +490,12 @@ func (c *Consumer) fail(ctx context.Context, msg *ackwise.Message, err error, cl
 	}
 	c.log.Debug("retrying", slog.String("event_id", adapters.EventID(msg)), slog.Int("attempt", msg.Attempt), slog.Duration("delay", delay), slog.Any("error", err))
 	if c.inPlace {
+		if !c.waitInPlace(msg, delay) {
+			c.release(msg) // stopping: no new waits
+			return false
+		}
 		c.observe(msg, Retried, elapsed)
-		return c.waitInPlace(msg, delay)
+		return true
 	}
 	c.settle(msg, Retried, elapsed, c.src.Nack(sctx, msg, delay))
 	return false
@@ -482,8 +520,9 @@ func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration
 	if err != nil {
 		if !errors.Is(err, adapters.ErrReceiptInvalid) {
 			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
-		}
-		if o == DeadLettered {
+			// Hand the delivery back so it is not stuck unsettled (an AMQP
+			// delivery would hold its prefetch slot until the channel
+			// closes). Release is never an ack, so this is always safe.
 			_ = c.src.Release(context.Background(), msg)
 		}
 		o = SettleFailed
@@ -504,13 +543,12 @@ func (c *Consumer) release(msg *ackwise.Message) {
 }
 
 // waitInPlace schedules msg to run again after delay. The message stays in
-// flight and its lane stays held. It returns false (and releases msg) when
-// the consumer is stopping.
+// flight and its lane stays held. It returns false when the consumer is
+// stopping; the caller then releases msg.
 func (c *Consumer) waitInPlace(msg *ackwise.Message, delay time.Duration) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopping.Load() {
-		_ = c.src.Release(context.Background(), msg)
 		return false
 	}
 	if c.waiting == nil {
@@ -544,12 +582,15 @@ func (c *Consumer) stop() {
 			c.work <- msg // a worker releases it, finishing its lane
 		}
 	}
-	if c.breaker != nil {
-		c.breaker.stopProbe()
-		for _, msg := range c.breaker.held {
+	if b := c.breaker; b != nil {
+		b.stopProbe()
+		for _, msg := range b.held {
 			c.work <- msg
 		}
-		c.breaker.held = nil
+		b.held = nil
+		// A new Run starts with the breaker closed.
+		b.open, b.probing = false, nil
+		clear(b.keys)
 	}
 	if c.inflight == 0 {
 		close(c.drained)
@@ -611,7 +652,7 @@ func (c *Consumer) heartbeatLoop(ctx context.Context, quit <-chan struct{}) {
 		}
 		c.mu.Unlock()
 		for _, m := range due {
-			if err := c.src.ExtendLease(context.WithoutCancel(ctx), m, c.caps.Lease); err != nil {
+			if err := c.src.ExtendLease(context.WithoutCancel(ctx), m, c.caps.Lease); err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) {
 				c.log.Warn("lease extension failed", slog.String("event_id", adapters.EventID(m)), slog.Any("error", err))
 			}
 		}
