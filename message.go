@@ -20,6 +20,9 @@ const (
 	// HeaderFirstFailure is the RFC 3339 time of the first failed attempt, on
 	// hops the engine owns.
 	HeaderFirstFailure = "ackwise-first-failure"
+	// HeaderKey carries Message.Key on brokers whose messages have no key of
+	// their own (AMQP, SQS).
+	HeaderKey = "ackwise-key"
 	// HeaderTraceparent is the W3C trace context header.
 	HeaderTraceparent = "traceparent"
 )

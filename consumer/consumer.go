@@ -101,6 +101,9 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		c.inPlace = !caps.Delay || (caps.Ordered && cfg.Ordering != OrderNone)
 	}
 	c.heartbeat = caps.ExtendLease && caps.Lease > 0
+	if c.inPlace && caps.Lease > 0 && !caps.ExtendLease {
+		c.log.Warn("retries wait in place but the source cannot extend leases: a message waiting longer than the lease is delivered again", slog.Duration("lease", caps.Lease))
+	}
 	if c.heartbeat {
 		c.leases = make(map[*ackwise.Message]time.Time)
 	}

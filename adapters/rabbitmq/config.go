@@ -1,0 +1,359 @@
+package rabbitmq
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/ackwise/ackwise/retry"
+)
+
+// QueueType is the kind of RabbitMQ queue ackwise consumes from and declares.
+type QueueType string
+
+// Queue types.
+const (
+	// Classic queues are RabbitMQ's original queues. They keep no delivery
+	// count, so Message.Attempt comes from the ackwise-attempt header, the
+	// x-death counts and the redelivered flag (see the package doc).
+	Classic QueueType = "classic"
+	// Quorum queues are replicated (Raft) queues. They count deliveries
+	// (x-delivery-count), so Message.Attempt survives consumer crashes.
+	Quorum QueueType = "quorum"
+)
+
+// Defaults applied to zero fields of [Config] and [SinkConfig].
+const (
+	// DefaultPrefetch is the basic.qos prefetch count: the most unacknowledged
+	// deliveries the broker pushes to one source.
+	DefaultPrefetch = 128
+	// DefaultConsumerTimeout is RabbitMQ's own default consumer_timeout
+	// (30 minutes since 3.8.15): a delivery unacknowledged for longer makes
+	// the broker close the channel.
+	DefaultConsumerTimeout = 30 * time.Minute
+	// DefaultHeartbeat is the AMQP heartbeat interval.
+	DefaultHeartbeat = 10 * time.Second
+	// DefaultConnectionName is advertised to the broker as connection_name
+	// (shown by rabbitmqctl list_connections client_properties).
+	DefaultConnectionName = "ackwise"
+	// DefaultReconnectInitialInterval is the first wait before reconnecting
+	// after a connection or channel died.
+	DefaultReconnectInitialInterval = 100 * time.Millisecond
+	// DefaultReconnectMaxInterval caps the wait between reconnection attempts.
+	DefaultReconnectMaxInterval = 10 * time.Second
+	// DefaultDialTimeout bounds one TCP (and TLS) connection attempt.
+	DefaultDialTimeout = 30 * time.Second
+)
+
+// maxTiers bounds the number of wait queues a source declares.
+const maxTiers = 32
+
+// TiersFor returns the delay tiers (one wait queue each) that serve retry
+// policy p: p.Tiers when set, else the policy's exponential delays without
+// jitter for every retry it makes (at most 32 of them), without duplicates.
+// A jittered delay is rounded up to the next tier by Nack.
+func TiersFor(p retry.Policy) []time.Duration {
+	if len(p.Tiers) > 0 {
+		t := slices.Clone(p.Tiers)
+		slices.Sort(t)
+		return slices.Compact(t)
+	}
+	p.Jitter = retry.NoJitter
+	p = p.WithDefaults()
+	n := p.MaxAttempts - 1
+	if p.MaxAttempts == retry.Unlimited || n > maxTiers {
+		n = maxTiers
+	}
+	var tiers []time.Duration
+	for a := 1; a <= n; a++ {
+		d := p.Delay(a)
+		if len(tiers) > 0 && d <= tiers[len(tiers)-1] {
+			if d == p.MaxInterval {
+				break // the schedule reached its cap; further tiers repeat it
+			}
+			continue
+		}
+		tiers = append(tiers, d)
+	}
+	if len(tiers) == 0 {
+		tiers = []time.Duration{p.InitialInterval}
+	}
+	return tiers
+}
+
+// Config configures a [Source]. The zero value of every field but URL and
+// Queue means the documented default.
+type Config struct {
+	// URL is the broker's AMQP URI, amqp://user:password@host:port/vhost or
+	// amqps://… for TLS (the vhost is the path, as in RabbitMQ's URI spec).
+	// Required. It never appears in logs or errors with its password.
+	URL string
+	// TLS configures TLS for amqps URLs. Nil means the system roots and the
+	// URL's host as server name.
+	TLS *tls.Config
+	// Queue is the work queue to consume from. Required.
+	Queue string
+	// QueueType is the type of every queue of the topology. Empty means
+	// Classic.
+	QueueType QueueType
+	// Prefetch is the basic.qos prefetch count, the bound on unacknowledged
+	// deliveries. Set it at least as large as the engine's in-flight limit,
+	// or workers idle. Zero means DefaultPrefetch.
+	Prefetch int
+	// DeclareTopology makes the source declare the work queue, the wait
+	// queues and the dead-letter queue (durable, of QueueType) before it
+	// consumes, and again after every reconnection. Off, the source only
+	// verifies that they exist with the arguments ackwise expects and refuses
+	// to start otherwise.
+	DeclareTopology bool
+	// DelayTiers are the redelivery delays, one wait queue per tier, named
+	// WaitQueueName(Queue, tier). Nack rounds a delay up to the next tier and
+	// cuts it to the largest. Empty means TiersFor(retry.Policy{}), the tiers
+	// of the default retry policy (1s, 2s, 4s, 8s). Each must be a whole
+	// number of milliseconds, at least 1ms.
+	DelayTiers []time.Duration
+	// DeadLetterQueue is the queue DeadLetter publishes to. Empty means
+	// Queue + ".dlq".
+	DeadLetterQueue string
+	// ConsumerTimeout is the broker's consumer_timeout: a delivery held longer
+	// than this without an ack makes the broker close the channel, and every
+	// delivery on it is redelivered. Leases cannot be extended on RabbitMQ, so
+	// the source only warns (log and metric) when a delivery has been held
+	// for ConsumerTimeoutWarn. Zero means DefaultConsumerTimeout (the
+	// broker's default); -1 turns the warning off.
+	ConsumerTimeout time.Duration
+	// ConsumerTimeoutWarn is how long a delivery may be held before the
+	// warning. Zero means 80% of ConsumerTimeout.
+	ConsumerTimeoutWarn time.Duration
+	// Heartbeat is the AMQP heartbeat interval. Zero means DefaultHeartbeat.
+	Heartbeat time.Duration
+	// ConnectionName is advertised as the connection_name client property.
+	// Empty means DefaultConnectionName.
+	ConnectionName string
+	// ReconnectInitialInterval and ReconnectMaxInterval shape the exponential
+	// backoff (github.com/cenkalti/backoff/v4, with jitter) between
+	// reconnection attempts, which go on until Close. Zero means
+	// DefaultReconnectInitialInterval and DefaultReconnectMaxInterval.
+	ReconnectInitialInterval time.Duration
+	ReconnectMaxInterval     time.Duration
+	// Logger receives connection events and consumer-timeout warnings. Nil
+	// discards.
+	Logger *slog.Logger
+	// MeterProvider provides the consumer-timeout warning counter
+	// (ackwise.rabbitmq.consumer_timeout.warnings). Nil means no metrics.
+	MeterProvider metric.MeterProvider
+}
+
+// SinkConfig configures a [Sink]. The zero value of every field but URL and
+// the destination means the documented default.
+type SinkConfig struct {
+	// URL is the broker's AMQP URI, as in Config.URL. Required.
+	URL string
+	// TLS configures TLS for amqps URLs, as in Config.TLS.
+	TLS *tls.Config
+	// Exchange is the exchange to publish to. Empty means the default
+	// exchange, which routes by queue name.
+	Exchange string
+	// RoutingKey is the routing key of every message. Empty means
+	// Message.Key on a named exchange; with the default exchange it is the
+	// queue name and required.
+	RoutingKey string
+	// Heartbeat, ConnectionName, ReconnectInitialInterval,
+	// ReconnectMaxInterval and Logger are as in Config.
+	Heartbeat                time.Duration
+	ConnectionName           string
+	ReconnectInitialInterval time.Duration
+	ReconnectMaxInterval     time.Duration
+	Logger                   *slog.Logger
+}
+
+// conn holds what every connection of a source or sink shares.
+type conn struct {
+	url       string // amqp URI with the password
+	redacted  string
+	tls       *tls.Config
+	heartbeat time.Duration
+	name      string
+	initial   time.Duration
+	max       time.Duration
+	log       *slog.Logger
+}
+
+func newConn(rawURL string, tlsCfg *tls.Config, heartbeat time.Duration, name string, initial, maxI time.Duration, log *slog.Logger) (conn, error) {
+	c := conn{url: rawURL, tls: tlsCfg, heartbeat: heartbeat, name: name, initial: initial, max: maxI, log: log}
+	if rawURL == "" {
+		return c, fmt.Errorf("rabbitmq: URL is empty: want amqp://user:password@host:port/vhost")
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return c, fmt.Errorf("rabbitmq: URL is malformed (not quoted, it may hold a password)")
+	}
+	c.redacted = u.Redacted()
+	if _, err := amqp.ParseURI(rawURL); err != nil {
+		return c, fmt.Errorf("rabbitmq: URL %q: %s", c.redacted, redact(err.Error(), u))
+	}
+	if c.heartbeat == 0 {
+		c.heartbeat = DefaultHeartbeat
+	}
+	if c.heartbeat < 0 {
+		return c, fmt.Errorf("rabbitmq: Heartbeat = %v: must not be negative", c.heartbeat)
+	}
+	if c.name == "" {
+		c.name = DefaultConnectionName
+	}
+	if c.initial == 0 {
+		c.initial = DefaultReconnectInitialInterval
+	}
+	if c.max == 0 {
+		c.max = DefaultReconnectMaxInterval
+	}
+	switch {
+	case c.initial < 0:
+		return c, fmt.Errorf("rabbitmq: ReconnectInitialInterval = %v: must be positive", c.initial)
+	case c.max < c.initial:
+		return c, fmt.Errorf("rabbitmq: ReconnectMaxInterval = %v: must not be below ReconnectInitialInterval (%v)", c.max, c.initial)
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// redact removes u's password from s, for errors that quote the URL.
+func redact(s string, u *url.URL) string {
+	if u != nil && u.User != nil {
+		if p, ok := u.User.Password(); ok && p != "" {
+			s = strings.ReplaceAll(s, p, "xxxxx")
+		}
+	}
+	return s
+}
+
+// validated is a Config with its defaults applied and checked.
+type validated struct {
+	Config
+	conn       conn
+	waitQueues []string
+}
+
+func (cfg Config) validate() (validated, error) {
+	v := validated{Config: cfg}
+	c, err := newConn(cfg.URL, cfg.TLS, cfg.Heartbeat, cfg.ConnectionName, cfg.ReconnectInitialInterval, cfg.ReconnectMaxInterval, cfg.Logger)
+	if err != nil {
+		return v, err
+	}
+	v.conn = c
+	v.Logger = c.log
+	if err := checkQueueName("Queue", cfg.Queue); err != nil {
+		return v, err
+	}
+	switch v.QueueType {
+	case "":
+		v.QueueType = Classic
+	case Classic, Quorum:
+	default:
+		return v, fmt.Errorf("rabbitmq: QueueType = %q: want %q or %q", cfg.QueueType, Classic, Quorum)
+	}
+	switch {
+	case v.Prefetch == 0:
+		v.Prefetch = DefaultPrefetch
+	case v.Prefetch < 0 || v.Prefetch > 65535:
+		return v, fmt.Errorf("rabbitmq: Prefetch = %d: must be in [1, 65535] (0 means %d)", cfg.Prefetch, DefaultPrefetch)
+	}
+	if len(v.DelayTiers) == 0 {
+		v.DelayTiers = TiersFor(retry.Policy{})
+	} else {
+		for i, t := range v.DelayTiers {
+			if t < time.Millisecond || t%time.Millisecond != 0 {
+				return v, fmt.Errorf("rabbitmq: DelayTiers[%d] = %v: must be a whole number of milliseconds, at least 1ms", i, t)
+			}
+		}
+		v.DelayTiers = slices.Clone(v.DelayTiers)
+		slices.Sort(v.DelayTiers)
+		v.DelayTiers = slices.Compact(v.DelayTiers)
+		if len(v.DelayTiers) > maxTiers {
+			return v, fmt.Errorf("rabbitmq: DelayTiers has %d tiers: at most %d", len(v.DelayTiers), maxTiers)
+		}
+	}
+	if v.DeadLetterQueue == "" {
+		v.DeadLetterQueue = cfg.Queue + ".dlq"
+	}
+	if err := checkQueueName("DeadLetterQueue", v.DeadLetterQueue); err != nil {
+		return v, err
+	}
+	if v.DeadLetterQueue == v.Queue {
+		return v, fmt.Errorf("rabbitmq: DeadLetterQueue = %q: must differ from Queue", v.DeadLetterQueue)
+	}
+	for _, t := range v.DelayTiers {
+		name := WaitQueueName(v.Queue, t)
+		if err := checkQueueName("DelayTiers", name); err != nil {
+			return v, err
+		}
+		v.waitQueues = append(v.waitQueues, name)
+	}
+	switch {
+	case v.ConsumerTimeout == 0:
+		v.ConsumerTimeout = DefaultConsumerTimeout
+	case v.ConsumerTimeout < -1:
+		return v, fmt.Errorf("rabbitmq: ConsumerTimeout = %v: must be positive, 0 (default) or -1 (no warning)", cfg.ConsumerTimeout)
+	}
+	if v.ConsumerTimeout > 0 {
+		switch {
+		case v.ConsumerTimeoutWarn == 0:
+			v.ConsumerTimeoutWarn = v.ConsumerTimeout / 5 * 4
+		case v.ConsumerTimeoutWarn < 0 || v.ConsumerTimeoutWarn > v.ConsumerTimeout:
+			return v, fmt.Errorf("rabbitmq: ConsumerTimeoutWarn = %v: must be in (0, ConsumerTimeout = %v]", cfg.ConsumerTimeoutWarn, v.ConsumerTimeout)
+		}
+	}
+	return v, nil
+}
+
+func checkQueueName(field, name string) error {
+	switch {
+	case name == "":
+		return fmt.Errorf("rabbitmq: %s is empty", field)
+	case len(name) > 255:
+		return fmt.Errorf("rabbitmq: %s = %q: longer than 255 bytes", field, name)
+	case strings.HasPrefix(name, "amq."):
+		return fmt.Errorf("rabbitmq: %s = %q: the amq. prefix is reserved by the broker", field, name)
+	}
+	return nil
+}
+
+// WaitQueueName is the name of the wait queue of tier on queue:
+// "<queue>.wait.<tier>", the tier in its largest whole unit (30s, 5m, 1h,
+// 1500ms).
+func WaitQueueName(queue string, tier time.Duration) string {
+	return queue + ".wait." + formatTier(tier)
+}
+
+func formatTier(d time.Duration) string {
+	switch {
+	case d%time.Hour == 0:
+		return fmt.Sprintf("%dh", d/time.Hour)
+	case d%time.Minute == 0:
+		return fmt.Sprintf("%dm", d/time.Minute)
+	case d%time.Second == 0:
+		return fmt.Sprintf("%ds", d/time.Second)
+	default:
+		return fmt.Sprintf("%dms", d/time.Millisecond)
+	}
+}
+
+func (cfg SinkConfig) validate() (conn, error) {
+	c, err := newConn(cfg.URL, cfg.TLS, cfg.Heartbeat, cfg.ConnectionName, cfg.ReconnectInitialInterval, cfg.ReconnectMaxInterval, cfg.Logger)
+	if err != nil {
+		return c, err
+	}
+	if cfg.Exchange == "" && cfg.RoutingKey == "" {
+		return c, fmt.Errorf("rabbitmq: RoutingKey is empty: the default exchange (Exchange = \"\") routes by queue name, so RoutingKey must name the queue")
+	}
+	return c, nil
+}

@@ -1,0 +1,103 @@
+package rabbitmq
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// dial opens one AMQP connection. ctx bounds the TCP and TLS handshake; the
+// AMQP handshake is bounded by DefaultDialTimeout. amqp091-go's own automatic
+// recovery stays off: ackwise owns recovery so that delivery tags of a dead
+// channel are never used on a new one.
+func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
+	cfg := amqp.Config{
+		Heartbeat:       c.heartbeat,
+		TLSClientConfig: c.tls,
+		Properties:      amqp.NewConnectionProperties(),
+		Dial: func(network, addr string) (net.Conn, error) {
+			dctx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
+			defer cancel()
+			var d net.Dialer
+			nc, err := d.DialContext(dctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// The deadline covers the AMQP handshake; amqp091-go clears it
+			// once the connection is open.
+			if err := nc.SetDeadline(time.Now().Add(DefaultDialTimeout)); err != nil {
+				nc.Close()
+				return nil, err
+			}
+			return nc, nil
+		},
+	}
+	if cfg.TLSClientConfig == nil {
+		if u, err := amqp.ParseURI(c.url); err == nil && u.Scheme == "amqps" {
+			cfg.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+	}
+	cfg.Properties.SetClientConnectionName(c.name)
+	ac, err := amqp.DialConfig(c.url, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: connect to %s: %w%s", c.redacted, err, dialHint(err))
+	}
+	return ac, nil
+}
+
+// dialHint points at the likely cause of a failed connection.
+func dialHint(err error) string {
+	var ae *amqp.Error
+	var ne net.Error
+	switch {
+	case errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed):
+		return " (wrong user, password or vhost?)"
+	case errors.As(err, &ne) && ne.Timeout():
+		return " (broker unreachable or TLS/port mismatch?)"
+	case errors.Is(err, amqp.ErrCredentials), errors.Is(err, amqp.ErrSASL):
+		return " (wrong user or password?)"
+	}
+	return ""
+}
+
+// backoff returns the reconnection schedule: exponential with jitter from the
+// initial to the max interval, never giving up on its own.
+func (c conn) backoff() backoff.BackOff {
+	return backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(c.initial),
+		backoff.WithMaxInterval(c.max),
+		backoff.WithMaxElapsedTime(0),
+	)
+}
+
+// sleep waits d or until done is closed, and reports whether it waited the
+// whole time.
+func sleep(d time.Duration, done <-chan struct{}) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-done:
+		return false
+	}
+}
+
+// contextFor returns a context cancelled when done is closed.
+func contextFor(done <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-done:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	return ctx, cancel
+}

@@ -1,0 +1,148 @@
+// Package rabbitmq is the ackwise adapter for RabbitMQ, on
+// github.com/rabbitmq/amqp091-go. A [Source] consumes one queue with manual
+// acknowledgements; a [Sink] publishes with publisher confirms. Both
+// implement the contract of package adapters, and the package registers the
+// URL schemes amqp, amqps and rabbit with [adapters.Register]:
+//
+//	amqp://user:password@host:5672/orders?queue_type=quorum&prefetch=64&tiers=1s,10s,1m&declare=true
+//
+// The URL path is the queue; the vhost is the vhost parameter (default "/").
+// [ConfigFromURL] lists every parameter. Config.URL, by contrast, is a plain
+// AMQP URI whose path is the vhost.
+//
+// # Topology
+//
+// A source on queue Q uses, all durable and of Config.QueueType (classic or
+// quorum):
+//
+//   - Q, the work queue, with x-dead-letter-exchange "" and
+//     x-dead-letter-routing-key Q.dlq, so that what the broker itself
+//     dead-letters (a quorum queue's delivery limit, a reject) lands in the
+//     dead-letter queue too;
+//   - one wait queue per delay tier, Q.wait.<tier> (Q.wait.1s, Q.wait.30s,
+//     Q.wait.5m; see [WaitQueueName]), with x-message-ttl = the tier and
+//     x-dead-letter-exchange "" / x-dead-letter-routing-key Q: a message
+//     published there comes back to Q when the tier has passed. The TTL is
+//     per queue, not per message: per-message expiration is only enforced at
+//     the head of a queue, so one long delay would hold back every shorter
+//     one behind it;
+//   - Q.dlq (Config.DeadLetterQueue), the dead-letter queue.
+//
+// Quorum queues that dead-letter are declared with
+// x-dead-letter-strategy=at-least-once and x-overflow=reject-publish, so that
+// a message moving from a wait queue back to Q is never lost in between
+// (RabbitMQ 3.10 or later). Dead-lettering goes through the default
+// exchange, which always exists.
+//
+// With Config.DeclareTopology (declare=true in the URL) the source declares
+// all of it before consuming and again after every reconnection; [Declare]
+// does the same once, for publishers that start first. Without it the
+// source verifies before consuming that every queue exists and that every
+// wait queue has exactly the TTL and dead-letter arguments above (by
+// declaring it with them: RabbitMQ refuses with PRECONDITION_FAILED when an
+// existing queue's arguments differ). A wait queue with a missing or wrong
+// dead-letter target would silently drop or strand retries, so the source
+// refuses to start with an error naming the queue and the arguments it
+// expects. Topology set by policy instead of arguments fails that check.
+//
+// # Delivery and settlement
+//
+// The source consumes with manual acknowledgements; basic.qos
+// Config.Prefetch bounds the deliveries the broker pushes before they are
+// acknowledged. Set it at least as large as the engine's in-flight limit.
+// Receive blocks for one delivery and then takes what has already arrived,
+// without waiting, up to the buffer's length.
+//
+//   - Ack is basic.ack, sent only after the handler succeeded. Acks are
+//     written by one writer per channel without making the caller wait, and
+//     acks of contiguous deliveries are coalesced into one basic.ack with
+//     multiple=true. A multiple ack never covers a delivery still being
+//     handled or one released: it stops below the oldest unsettled delivery,
+//     and acks above it are sent one by one at once, so a slow handler holds
+//     back no other message's ack. Close writes what is left.
+//   - Nack(msg, delay) publishes a copy to the wait queue of the smallest
+//     tier at least delay long (the largest tier for longer delays), waits
+//     for the publisher confirm, then acks the original (move before ack).
+//     The copy keeps the payload byte for byte and every header (x-death
+//     included), sets ackwise-attempt = Attempt+1 and ackwise-first-failure
+//     (if missing), keeps the properties but expiration and user-id, and is
+//     persistent.
+//   - DeadLetter publishes the same kind of copy to the dead-letter queue
+//     with the dlq.Envelope headers added (an earlier envelope replaced),
+//     waits for the confirm, then acks the original.
+//   - Release is basic.nack with requeue=true.
+//   - ExtendLease does nothing: RabbitMQ has no lease to extend (see Consumer
+//     timeout).
+//
+// Moves are published on a connection of their own, with the mandatory flag:
+// a wait or dead-letter queue that has disappeared makes Nack or DeadLetter
+// fail with [ErrUnroutable], and the original stays unacknowledged.
+//
+// # Attempts
+//
+// Message.Attempt is 1 on a first delivery and counts as follows:
+//
+//   - the base is the ackwise-attempt header, which Nack sets on the copy it
+//     moves through a wait queue; without it, 1 plus the x-death counts of Q
+//     and its wait queues (messages retried by other means);
+//   - on a quorum queue, plus x-delivery-count: the broker counts every
+//     earlier delivery of this copy, so a crash or a Release counts and the
+//     count survives consumer restarts (Capabilities.DeliveryCount);
+//   - on a classic queue, which keeps no count, plus one when the
+//     redelivered flag is set. This is a lower bound: a message redelivered
+//     after several crashes counts one extra attempt, not several. A message
+//     that kills its consumer every time is therefore retried for ever on a
+//     classic queue; use a quorum queue (with a delivery limit if needed)
+//     where that matters.
+//
+// # Publishing
+//
+// The sink, and the source's moves, publish with publisher confirms always
+// on, the mandatory flag and delivery mode persistent. A Publish call writes
+// its batch at once and awaits its confirms together; concurrent calls share
+// the channel, so confirms are pipelined. A message no queue takes comes
+// back with basic.return and fails the call with ErrUnroutable (it is never
+// dropped quietly); a basic.nack fails it with ErrNacked. Returns are matched
+// to messages by message-id, exchange and routing key; the sink's
+// message-id is the event ID.
+//
+// # Recovery
+//
+// When a connection or channel dies (a network failure, a broker restart,
+// rabbitmqctl close_connection, the consumer timeout), the source and the
+// sink reconnect in the background with exponential backoff and jitter
+// (Config.ReconnectInitialInterval to ReconnectMaxInterval), redeclare or
+// re-verify the topology, and resume. amqp091-go's own automatic recovery is
+// not used.
+//
+// Each consuming channel is a generation, and a message's Handle holds its
+// generation and delivery tag. Delivery tags mean nothing on another channel,
+// so a delivery from a dead generation is never acknowledged on a new one:
+// Valid reports false, and Ack, Nack, DeadLetter and Release return an error
+// wrapping adapters.ErrReceiptInvalid and do nothing. The broker redelivers
+// those messages, and the idempotency inbox absorbs the repeats. A Nack or
+// DeadLetter whose channel dies after its copy was confirmed leaves both the
+// copy and the redelivered original: a duplicate, absorbed the same way.
+//
+// A Publish in progress when the channel dies waits for the new channel and
+// sends the messages that were not confirmed again (so a message may be
+// stored twice), until its ctx is done.
+//
+// # Consumer timeout
+//
+// RabbitMQ closes a channel on which a delivery stayed unacknowledged for
+// longer than its consumer_timeout (30 minutes by default), and every
+// delivery on that channel is redelivered. The time cannot be extended per
+// delivery, so handlers must finish well within it. The source warns, with a
+// log record and the counter ackwise.rabbitmq.consumer_timeout.warnings,
+// about each delivery held for Config.ConsumerTimeoutWarn (80% of
+// Config.ConsumerTimeout, which should match the broker's setting). When the
+// broker does close the channel, the reconnection log names the timeout as
+// the likely cause.
+//
+// # Concurrency
+//
+// Receive is called from one goroutine at a time; Ack, Nack, DeadLetter,
+// Release, ExtendLease and Valid may be called concurrently from many, as may
+// Sink.Publish. Passwords never appear in logs or errors.
+package rabbitmq

@@ -1,0 +1,176 @@
+package rabbitmq
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// HeaderKey carries Message.Key on the wire: AMQP has no message key of its
+// own, and the routing key is the queue name on the default exchange.
+const HeaderKey = ackwise.HeaderKey
+
+// Broker headers ackwise reads.
+const (
+	headerDeliveryCount = "x-delivery-count"
+	headerDeath         = "x-death"
+)
+
+// toTable encodes headers as an AMQP table of strings.
+func toTable(h ackwise.Headers, extra int) amqp.Table {
+	t := make(amqp.Table, len(h)+extra)
+	for k, v := range h {
+		t[k] = v
+	}
+	return t
+}
+
+// fromTable decodes the scalar entries of t into string headers. Tables and
+// arrays (x-death) stay only on the wire copy the receipt keeps, which moves
+// and dead letters carry forward unchanged.
+func fromTable(t amqp.Table) ackwise.Headers {
+	h := make(ackwise.Headers, len(t))
+	for k, v := range t {
+		if s, ok := scalarString(v); ok {
+			h[k] = s
+		}
+	}
+	return h
+}
+
+func scalarString(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case []byte:
+		return string(x), true
+	case bool:
+		return strconv.FormatBool(x), true
+	case float32:
+		return strconv.FormatFloat(float64(x), 'g', -1, 32), true
+	case float64:
+		return strconv.FormatFloat(x, 'g', -1, 64), true
+	case time.Time:
+		return x.UTC().Format(time.RFC3339Nano), true
+	case amqp.Decimal:
+		return strconv.FormatInt(int64(x.Value), 10) + "e-" + strconv.Itoa(int(x.Scale)), true
+	}
+	if n, ok := intOf(v); ok {
+		return strconv.FormatInt(n, 10), true
+	}
+	return "", false
+}
+
+func intOf(v any) (int64, bool) {
+	switch x := v.(type) {
+	case int:
+		return int64(x), true
+	case int8:
+		return int64(x), true
+	case int16:
+		return int64(x), true
+	case int32:
+		return int64(x), true
+	case int64:
+		return x, true
+	case uint8:
+		return int64(x), true
+	case uint16:
+		return int64(x), true
+	case uint32:
+		return int64(x), true
+	case uint64:
+		return int64(x), true
+	case string:
+		n, err := strconv.ParseInt(x, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// attemptOf computes Message.Attempt of a delivery (see the package doc):
+// the ackwise-attempt header (set by Nack on the copy it moves to a wait
+// queue), else 1 plus the x-death counts of hops through the work queue and
+// its wait queues; then, on a quorum queue, plus x-delivery-count; on a
+// classic queue, plus one when the redelivered flag is set.
+func attemptOf(t amqp.Table, redelivered, quorum bool, queue string) int {
+	base := 0
+	if n, ok := intOf(t[ackwise.HeaderAttempt]); ok && n > 0 {
+		base = int(n)
+	} else {
+		base = 1 + deathCount(t[headerDeath], queue)
+	}
+	if quorum {
+		if n, ok := intOf(t[headerDeliveryCount]); ok {
+			if n > 0 {
+				base += int(n)
+			}
+			return base
+		}
+	}
+	if redelivered {
+		base++
+	}
+	return base
+}
+
+// deathCount sums the x-death counts of queue and its wait queues.
+func deathCount(v any, queue string) int {
+	deaths, ok := v.([]any)
+	if !ok {
+		return 0
+	}
+	prefix := queue + ".wait."
+	total := 0
+	for _, d := range deaths {
+		t, ok := d.(amqp.Table)
+		if !ok {
+			continue
+		}
+		q, _ := t["queue"].(string)
+		if q != queue && !strings.HasPrefix(q, prefix) {
+			continue
+		}
+		if n, ok := intOf(t["count"]); ok && n > 0 {
+			total += int(n)
+		}
+	}
+	return total
+}
+
+// moveTable builds the headers of a copy of a delivery (a wait-queue hop or
+// a dead letter): the delivery's own table (x-death and non-string values
+// included) with the message's string headers laid over it, minus the
+// broker's per-delivery x-delivery-count.
+func moveTable(orig amqp.Table, h ackwise.Headers, dropPrefix string) amqp.Table {
+	t := make(amqp.Table, len(orig)+len(h)+2)
+	for k, v := range orig {
+		if dropPrefix != "" && strings.HasPrefix(k, dropPrefix) {
+			continue
+		}
+		t[k] = v
+	}
+	for k, v := range h {
+		// Keep the wire type of values the message did not change (an int
+		// header stays an int).
+		if ov, ok := t[k]; ok {
+			if s, ok := scalarString(ov); ok && s == v {
+				continue
+			}
+		}
+		t[k] = v
+	}
+	delete(t, headerDeliveryCount)
+	return t
+}
+
+// deadLetterTable is moveTable for dead letters: envelope headers of an
+// earlier dead-lettering are replaced by env's.
+func deadLetterTable(orig amqp.Table, h ackwise.Headers, env dlq.Envelope) amqp.Table {
+	return moveTable(orig, env.Apply(h), dlq.HeaderPrefix)
+}

@@ -1,0 +1,479 @@
+package rabbitmq
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/ackwise/ackwise/adapters"
+)
+
+// ErrUnroutable is returned (wrapped) by a publish the broker returned with
+// basic.return: no queue was bound to take it. ackwise publishes with the
+// mandatory flag, so an unroutable message is an error, never dropped
+// quietly.
+var ErrUnroutable = errors.New("rabbitmq: message unroutable")
+
+// ErrNacked is returned (wrapped) by a publish the broker refused with
+// basic.nack (an internal error, or a full queue with overflow
+// reject-publish). Publishing again later may succeed.
+var ErrNacked = errors.New("rabbitmq: broker refused the message")
+
+// errConnLost marks a publish whose confirmation never came because its
+// channel died; the publisher sends it again on the next channel.
+var errConnLost = errors.New("rabbitmq: channel closed before the broker confirmed")
+
+// closeDrainTimeout bounds how long Close waits for outstanding confirms.
+const closeDrainTimeout = 10 * time.Second
+
+// outgoing is one message to publish.
+type outgoing struct {
+	exchange, key string
+	pub           amqp.Publishing
+}
+
+// publisher publishes with confirms on one channel of its own connection,
+// pipelining confirms: a batch is written in one go and its confirms are
+// awaited together. When the channel or connection dies it reconnects in the
+// background, with backoff, and resends what was not confirmed.
+type publisher struct {
+	c    conn
+	role string
+
+	mu      sync.Mutex
+	cur     *pubSession
+	changed chan struct{} // closed and replaced when cur changes
+
+	closed    chan struct{}
+	closeOnce sync.Once
+	done      chan struct{}
+	ctx       context.Context
+	cancel    context.CancelFunc
+
+	idPrefix string
+	idSeq    atomic.Uint64
+}
+
+func newPublisher(ctx context.Context, c conn, role string) (*publisher, error) {
+	var rnd [6]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return nil, fmt.Errorf("rabbitmq: random message-id prefix: %w", err)
+	}
+	p := &publisher{
+		c:        c,
+		role:     role,
+		changed:  make(chan struct{}),
+		closed:   make(chan struct{}),
+		done:     make(chan struct{}),
+		idPrefix: hex.EncodeToString(rnd[:]) + "-",
+	}
+	p.ctx, p.cancel = contextFor(p.closed)
+	s, err := p.open(ctx)
+	if err != nil {
+		p.cancel()
+		return nil, err
+	}
+	p.cur = s
+	go p.run(s)
+	return p, nil
+}
+
+// nextID returns a message-id unique to this publisher, for messages that
+// have none.
+func (p *publisher) nextID() string {
+	return p.idPrefix + strconv.FormatUint(p.idSeq.Add(1), 10)
+}
+
+func (p *publisher) open(ctx context.Context) (*pubSession, error) {
+	ac, err := p.c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := ac.Channel()
+	if err != nil {
+		ac.Close()
+		return nil, fmt.Errorf("rabbitmq: open channel on %s: %w", p.c.redacted, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		ac.Close()
+		return nil, fmt.Errorf("rabbitmq: enable publisher confirms on %s: %w", p.c.redacted, err)
+	}
+	s := &pubSession{
+		conn:    ac,
+		ch:      ch,
+		pending: make(map[uint64]*pendingPub),
+		dead:    make(chan struct{}),
+	}
+	// Returns are unbuffered and handled by the same goroutine as confirms:
+	// the broker sends basic.return before the basic.ack of the same message,
+	// amqp091-go hands both over from its one reader goroutine, so the return
+	// is recorded before the confirm is seen.
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1024))
+	returns := ch.NotifyReturn(make(chan amqp.Return))
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	blocked := ac.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go s.loop(confirms, returns, closes)
+	go func() {
+		for b := range blocked {
+			if b.Active {
+				p.c.log.Warn("rabbitmq: broker blocked publishing (resource alarm)", "role", p.role, "reason", b.Reason)
+			} else {
+				p.c.log.Info("rabbitmq: broker unblocked publishing", "role", p.role)
+			}
+		}
+	}()
+	return s, nil
+}
+
+func (p *publisher) set(s *pubSession) {
+	p.mu.Lock()
+	p.cur = s
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// run replaces the session whenever it dies, until Close.
+func (p *publisher) run(s *pubSession) {
+	defer close(p.done)
+	for {
+		select {
+		case <-s.dead:
+		case <-p.closed:
+			return
+		}
+		p.c.log.Warn("rabbitmq: publisher channel lost; reconnecting", "role", p.role, "url", p.c.redacted, "error", s.err)
+		p.set(nil)
+		s.conn.Close()
+		b := p.c.backoff()
+		for {
+			if !sleep(b.NextBackOff(), p.closed) {
+				return
+			}
+			ns, err := p.open(p.ctx)
+			if err != nil {
+				p.c.log.Warn("rabbitmq: publisher reconnect failed", "role", p.role, "error", err)
+				continue
+			}
+			s = ns
+			p.set(ns)
+			p.c.log.Info("rabbitmq: publisher reconnected", "role", p.role, "url", p.c.redacted)
+			break
+		}
+	}
+}
+
+// session returns the live session, waiting while the publisher reconnects.
+func (p *publisher) session(ctx context.Context) (*pubSession, error) {
+	for {
+		p.mu.Lock()
+		s, changed := p.cur, p.changed
+		p.mu.Unlock()
+		select {
+		case <-p.closed:
+			return nil, adapters.ErrClosed
+		default:
+		}
+		if s != nil && !s.isDead.Load() {
+			return s, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-p.closed:
+			return nil, adapters.ErrClosed
+		}
+	}
+}
+
+// publish publishes msgs and returns once the broker confirmed all of them.
+// Messages whose channel died before their confirm came are sent again on
+// the next channel (they may then be stored twice). Unroutable and refused
+// messages are errors. abort, when not nil, is asked before each attempt
+// and stops the publish with its error.
+func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() error) error {
+	todo := make([]int, len(msgs))
+	for i := range todo {
+		todo[i] = i
+	}
+	for {
+		if abort != nil {
+			if err := abort(); err != nil {
+				return err
+			}
+		}
+		s, err := p.session(ctx)
+		if err != nil {
+			return err
+		}
+		res, err := s.publishBatch(ctx, msgs, todo)
+		if err != nil {
+			return err
+		}
+		var retry []int
+		var errs []error
+		for i, e := range res {
+			switch {
+			case e == nil:
+			case errors.Is(e, errConnLost):
+				retry = append(retry, todo[i])
+			default:
+				errs = append(errs, e)
+			}
+		}
+		if len(errs) > 0 {
+			return errors.Join(errs...)
+		}
+		if len(retry) == 0 {
+			return nil
+		}
+		todo = retry
+		select {
+		case <-s.dead:
+		case <-ctx.Done():
+			return fmt.Errorf("rabbitmq: %d of %d messages unconfirmed: %w", len(todo), len(msgs), ctx.Err())
+		}
+		// A soft (channel-level) error is the broker refusing what was
+		// published, such as a missing exchange (404): sending it again
+		// would fail again.
+		var ae *amqp.Error
+		if errors.As(s.err, &ae) && ae.Recover {
+			return fmt.Errorf("rabbitmq: the broker closed the channel: %w", s.err)
+		}
+	}
+}
+
+// close stops reconnecting, waits (boundedly) for outstanding confirms and
+// closes the connection.
+func (p *publisher) close() {
+	p.closeOnce.Do(func() {
+		close(p.closed)
+		p.cancel()
+		<-p.done
+		p.mu.Lock()
+		s := p.cur
+		p.mu.Unlock()
+		if s != nil {
+			s.drain(closeDrainTimeout)
+			s.conn.Close()
+		}
+	})
+}
+
+// pubSession is one confirm-mode channel and what is waiting on it.
+type pubSession struct {
+	conn *amqp.Connection
+	ch   *amqp.Channel
+
+	pubMu sync.Mutex // serializes publishing so sequence numbers match
+
+	pendMu  sync.Mutex
+	pending map[uint64]*pendingPub
+	failed  bool          // the channel died: nothing more is registered
+	drained chan struct{} // closed when pending empties, if asked for
+
+	dead   chan struct{}
+	isDead atomic.Bool
+	err    error // why the channel died; written before dead is closed
+}
+
+type pendingPub struct {
+	b                    *batch
+	i                    int
+	msgID, exchange, key string
+	ret                  error
+}
+
+// batch collects the outcome of one publishBatch call.
+type batch struct {
+	res       []error
+	remaining atomic.Int64
+	done      chan struct{}
+}
+
+// resolve records the outcome of message i. Each message is resolved once,
+// by whoever removed it from the pending map.
+func (b *batch) resolve(i int, err error) {
+	b.res[i] = err
+	if b.remaining.Add(-1) == 0 {
+		close(b.done)
+	}
+}
+
+// publishBatch publishes msgs[idx...] on s and waits for their confirms. It
+// returns one outcome per index, or ctx's error.
+func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []int) ([]error, error) {
+	b := &batch{res: make([]error, len(idx)), done: make(chan struct{})}
+	b.remaining.Store(int64(len(idx)))
+
+	s.pubMu.Lock()
+	seq0 := s.ch.GetNextPublishSeqNo()
+	entries := make([]pendingPub, len(idx))
+	s.pendMu.Lock()
+	registered := !s.failed
+	if registered {
+		for i, k := range idx {
+			m := &msgs[k]
+			entries[i] = pendingPub{b: b, i: i, msgID: m.pub.MessageId, exchange: m.exchange, key: m.key}
+			s.pending[seq0+uint64(i)] = &entries[i]
+		}
+	}
+	s.pendMu.Unlock()
+	if !registered {
+		s.pubMu.Unlock()
+		for i := range idx {
+			b.resolve(i, errConnLost)
+		}
+		return b.res, nil
+	}
+	for i, k := range idx {
+		m := &msgs[k]
+		if err := s.ch.Publish(m.exchange, m.key, true, false, m.pub); err != nil {
+			if s.ch.IsClosed() || errors.Is(err, amqp.ErrClosed) {
+				err = errConnLost
+			} else {
+				err = fmt.Errorf("rabbitmq: publish to exchange %q routing key %q: %w", m.exchange, m.key, err)
+			}
+			// Unregister what was not published; entries the dying channel
+			// already failed are resolved by it.
+			s.pendMu.Lock()
+			var mine []int
+			for j := i; j < len(idx); j++ {
+				if _, ok := s.pending[seq0+uint64(j)]; ok {
+					delete(s.pending, seq0+uint64(j))
+					mine = append(mine, j)
+				}
+			}
+			s.pendMu.Unlock()
+			for _, j := range mine {
+				b.resolve(j, err)
+			}
+			break
+		}
+	}
+	s.pubMu.Unlock()
+
+	select {
+	case <-b.done:
+		return b.res, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("rabbitmq: waiting for publisher confirms: %w", ctx.Err())
+	}
+}
+
+// loop applies confirms and returns in the order amqp091-go hands them over,
+// and fails what is pending when the channel dies.
+func (s *pubSession) loop(confirms <-chan amqp.Confirmation, returns <-chan amqp.Return, closes <-chan *amqp.Error) {
+	for confirms != nil || returns != nil {
+		select {
+		case r, ok := <-returns:
+			if !ok {
+				returns = nil
+				continue
+			}
+			// The broker sends basic.return before the basic.ack of the same
+			// message and the return channel is unbuffered, so the return is
+			// applied here before its confirm can be read.
+			s.onReturn(r)
+		case c, ok := <-confirms:
+			if !ok {
+				confirms = nil
+				continue
+			}
+			s.onConfirm(c)
+		}
+	}
+	var err error = amqp.ErrClosed
+	if e, ok := <-closes; ok && e != nil {
+		err = e
+	}
+	s.err = err
+	s.isDead.Store(true)
+	s.pendMu.Lock()
+	s.failed = true
+	lost := s.pending
+	s.pending = nil
+	if s.drained != nil {
+		close(s.drained)
+		s.drained = nil
+	}
+	s.pendMu.Unlock()
+	for _, e := range lost {
+		e.b.resolve(e.i, errConnLost)
+	}
+	close(s.dead)
+}
+
+func (s *pubSession) onReturn(r amqp.Return) {
+	s.pendMu.Lock()
+	defer s.pendMu.Unlock()
+	// Messages are matched by message-id, exchange and routing key, unique
+	// in practice (the sink's message-id is the event ID). Should two
+	// pending messages share all three, the oldest not yet returned is
+	// taken: returns come in publish order, and two messages with the same
+	// exchange and routing key route alike unless bindings changed between
+	// them.
+	var best uint64
+	var e *pendingPub
+	for seq, p := range s.pending {
+		if p.ret == nil && p.msgID == r.MessageId && p.exchange == r.Exchange && p.key == r.RoutingKey && (e == nil || seq < best) {
+			best, e = seq, p
+		}
+	}
+	if e != nil {
+		e.ret = fmt.Errorf("%w: exchange %q routing key %q: %d %s", ErrUnroutable, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+	}
+}
+
+func (s *pubSession) onConfirm(c amqp.Confirmation) {
+	s.pendMu.Lock()
+	e, ok := s.pending[c.DeliveryTag]
+	if ok {
+		delete(s.pending, c.DeliveryTag)
+		if len(s.pending) == 0 && s.drained != nil {
+			close(s.drained)
+			s.drained = nil
+		}
+	}
+	s.pendMu.Unlock()
+	if !ok {
+		return
+	}
+	var err error
+	switch {
+	case e.ret != nil:
+		err = e.ret
+	case !c.Ack:
+		err = fmt.Errorf("%w (basic.nack): exchange %q routing key %q", ErrNacked, e.exchange, e.key)
+	}
+	e.b.resolve(e.i, err)
+}
+
+// drain waits until nothing is pending on s, at most d.
+func (s *pubSession) drain(d time.Duration) {
+	s.pendMu.Lock()
+	if len(s.pending) == 0 || s.failed {
+		s.pendMu.Unlock()
+		return
+	}
+	if s.drained == nil {
+		s.drained = make(chan struct{})
+	}
+	ch := s.drained
+	s.pendMu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	}
+}

@@ -1,0 +1,600 @@
+package rabbitmq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// Source consumes one RabbitMQ queue with manual acknowledgements. It
+// implements [adapters.Source]; see the package doc for its topology, how it
+// counts attempts and how it recovers.
+//
+// Receive must be called from one goroutine at a time; the settle methods
+// and Valid may be called concurrently from many.
+type Source struct {
+	v    validated
+	log  *slog.Logger
+	pub  *publisher // moves to wait queues and the dead-letter queue
+	caps adapters.Capabilities
+
+	mu      sync.Mutex
+	cur     *session
+	changed chan struct{} // closed and replaced when cur changes
+	gen     uint64
+
+	closed    chan struct{}
+	closeOnce sync.Once
+	wg        sync.WaitGroup
+	ctx       context.Context
+	cancel    context.CancelFunc
+
+	timeoutWarnings metric.Int64Counter
+}
+
+var _ adapters.Source = (*Source)(nil)
+
+// NewSource connects to the broker, declares (Config.DeclareTopology) or
+// verifies the topology, and starts consuming cfg.Queue. It fails, naming
+// the field and value, on bad configuration; it fails when the broker cannot
+// be reached or the topology is missing or declared with other arguments.
+// After that, lost connections are re-established in the background until
+// Close.
+func NewSource(ctx context.Context, cfg Config) (*Source, error) {
+	v, err := cfg.validate()
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{
+		v:       v,
+		log:     v.Logger,
+		changed: make(chan struct{}),
+		closed:  make(chan struct{}),
+		caps: adapters.Capabilities{
+			Delay:         true,
+			DelayTiers:    slices.Clone(v.DelayTiers),
+			MaxDelay:      v.DelayTiers[len(v.DelayTiers)-1],
+			DeliveryCount: v.QueueType == Quorum,
+		},
+	}
+	mp := v.MeterProvider
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	s.timeoutWarnings, err = mp.Meter("github.com/ackwise/ackwise/adapters/rabbitmq").Int64Counter(
+		"ackwise.rabbitmq.consumer_timeout.warnings",
+		metric.WithDescription("Deliveries held for longer than ConsumerTimeoutWarn, approaching the broker's consumer_timeout."),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: create metric: %w", err)
+	}
+	s.ctx, s.cancel = contextFor(s.closed)
+	first, err := s.open(ctx)
+	if err != nil {
+		s.cancel()
+		return nil, err
+	}
+	pubConn := v.conn
+	pubConn.name += "-moves"
+	s.pub, err = newPublisher(ctx, pubConn, "source "+v.Queue)
+	if err != nil {
+		first.conn.Close()
+		s.cancel()
+		return nil, err
+	}
+	s.set(first)
+	s.wg.Add(1)
+	go s.run(first)
+	if v.ConsumerTimeout > 0 {
+		s.wg.Add(1)
+		go s.watchTimeouts()
+	}
+	return s, nil
+}
+
+// session is one consuming channel: a generation. Receipts of a session are
+// void once it died; they are never used on another channel.
+type session struct {
+	src        *Source
+	gen        uint64
+	conn       *amqp.Connection
+	ch         *amqp.Channel
+	deliveries <-chan amqp.Delivery
+	dead       chan struct{}
+	isDead     atomic.Bool
+	err        error // why it died; written before dead is closed
+	killOnce   sync.Once
+
+	// mu guards the in-flight receipts, oldest (lowest tag) first, and the
+	// acks recorded but not yet written (see acks.go).
+	mu          sync.Mutex
+	head, tail  *receipt
+	acks, spare []uint64
+	ackSignal   chan struct{}
+	flushMu     sync.Mutex // serializes flushes
+}
+
+// receipt is Message.Handle: the delivery (its tag, headers and properties)
+// and the session (channel generation) that delivered it.
+type receipt struct {
+	s  *session
+	d  amqp.Delivery
+	at time.Time
+
+	// guarded by s.mu
+	prev, next *receipt
+	listed     bool
+	warned     bool
+}
+
+func (s *Source) open(ctx context.Context) (*session, error) {
+	ac, err := s.v.conn.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.v.setupTopology(ac, s.v.DeclareTopology); err != nil {
+		ac.Close()
+		return nil, err
+	}
+	ch, err := ac.Channel()
+	if err != nil {
+		ac.Close()
+		return nil, fmt.Errorf("rabbitmq: open channel on %s: %w", s.v.conn.redacted, err)
+	}
+	if err := ch.Qos(s.v.Prefetch, 0, false); err != nil {
+		ac.Close()
+		return nil, fmt.Errorf("rabbitmq: basic.qos prefetch %d: %w", s.v.Prefetch, err)
+	}
+	deliveries, err := ch.Consume(s.v.Queue, "", false, false, false, false, nil)
+	if err != nil {
+		ac.Close()
+		return nil, fmt.Errorf("rabbitmq: consume %q: %w", s.v.Queue, err)
+	}
+	s.mu.Lock()
+	s.gen++
+	gen := s.gen
+	s.mu.Unlock()
+	ss := &session{src: s, gen: gen, conn: ac, ch: ch, deliveries: deliveries, dead: make(chan struct{}), ackSignal: make(chan struct{}, 1)}
+	go ss.flusher()
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		e, ok := <-closes
+		var err error = amqp.ErrClosed
+		if ok && e != nil {
+			err = e
+		}
+		ss.kill(err)
+	}()
+	return ss, nil
+}
+
+// kill marks the session dead and closes its connection; the broker
+// requeues its unacknowledged deliveries.
+func (ss *session) kill(err error) {
+	ss.killOnce.Do(func() {
+		ss.err = err
+		ss.isDead.Store(true)
+		ss.mu.Lock()
+		ss.head, ss.tail = nil, nil
+		ss.mu.Unlock()
+		close(ss.dead)
+		go ss.conn.Close()
+	})
+}
+
+func (s *Source) set(ss *session) {
+	s.mu.Lock()
+	s.cur = ss
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// run replaces the session whenever it dies, until Close.
+func (s *Source) run(ss *session) {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-ss.dead:
+		case <-s.closed:
+			ss.kill(adapters.ErrClosed)
+			return
+		}
+		s.log.Warn("rabbitmq: consumer channel lost; reconnecting", "queue", s.v.Queue, "generation", ss.gen, "error", errText(ss.err), "hint", deathHint(ss.err))
+		s.set(nil)
+		b := s.v.conn.backoff()
+		for {
+			if !sleep(b.NextBackOff(), s.closed) {
+				return
+			}
+			ns, err := s.open(s.ctx)
+			if err != nil {
+				s.log.Warn("rabbitmq: consumer reconnect failed", "queue", s.v.Queue, "error", err.Error())
+				continue
+			}
+			ss = ns
+			s.set(ns)
+			s.log.Info("rabbitmq: consumer reconnected", "queue", s.v.Queue, "generation", ns.gen)
+			break
+		}
+	}
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// deathHint explains a channel closed by the broker's consumer timeout.
+func deathHint(err error) string {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+		return "a delivery was held longer than the broker's consumer_timeout; its handler was too slow (see ConsumerTimeout)"
+	}
+	return ""
+}
+
+// current returns the live session, waiting while the source reconnects.
+func (s *Source) current(ctx context.Context) (*session, error) {
+	for {
+		s.mu.Lock()
+		ss, changed := s.cur, s.changed
+		s.mu.Unlock()
+		select {
+		case <-s.closed:
+			return nil, adapters.ErrClosed
+		default:
+		}
+		if ss != nil && !ss.isDead.Load() {
+			return ss, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-s.closed:
+			return nil, adapters.ErrClosed
+		}
+	}
+}
+
+// Receive fills buf with deliveries: it blocks for the first one, then takes
+// what is already there without waiting, up to len(buf). Across a
+// reconnection it waits for the new channel. It returns ErrClosed after
+// Close and ctx's error when ctx is done.
+func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	for {
+		ss, err := s.current(ctx)
+		if err != nil {
+			return 0, err
+		}
+		select {
+		case d, ok := <-ss.deliveries:
+			if !ok {
+				// The channel closed, or the broker cancelled the consumer
+				// (queue deleted): start over on a new channel.
+				ss.kill(errors.New("rabbitmq: consumer cancelled by the broker or channel closed"))
+				continue
+			}
+			now := time.Now()
+			buf[0] = s.message(ss, d, now)
+			n := 1
+		fill:
+			for n < len(buf) {
+				select {
+				case d, ok := <-ss.deliveries:
+					if !ok {
+						break fill
+					}
+					buf[n] = s.message(ss, d, now)
+					n++
+				default:
+					break fill
+				}
+			}
+			ss.track(buf[:n])
+			return n, nil
+		case <-ss.dead:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-s.closed:
+			return 0, adapters.ErrClosed
+		}
+	}
+}
+
+func (s *Source) message(ss *session, d amqp.Delivery, now time.Time) *ackwise.Message {
+	r := &receipt{s: ss, d: d, at: now}
+	h := fromTable(d.Headers)
+	m := &ackwise.Message{
+		ID:          h[ackwise.HeaderEventID],
+		Key:         h[HeaderKey],
+		Payload:     d.Body,
+		Headers:     h,
+		Source:      s.v.Queue,
+		Partition:   -1,
+		Offset:      -1,
+		BrokerID:    d.MessageId,
+		Attempt:     attemptOf(d.Headers, d.Redelivered, s.v.QueueType == Quorum, s.v.Queue),
+		PublishedAt: d.Timestamp,
+		Handle:      r,
+	}
+	if m.ID == "" {
+		m.ID = d.MessageId
+	}
+	if v, ok := h[ackwise.HeaderFirstFailure]; ok {
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+			m.FirstFailure = t
+		}
+	}
+	return m
+}
+
+// track lists receipts as in flight, in delivery order.
+func (ss *session) track(msgs []*ackwise.Message) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.isDead.Load() {
+		return
+	}
+	for _, m := range msgs {
+		r := m.Handle.(*receipt)
+		r.prev, r.listed = ss.tail, true
+		if ss.tail != nil {
+			ss.tail.next = r
+		} else {
+			ss.head = r
+		}
+		ss.tail = r
+	}
+}
+
+// untrack removes r from the in-flight list.
+func (ss *session) untrack(r *receipt) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.unlinkLocked(r)
+}
+
+// unlinkLocked removes r from the in-flight list; ss.mu is held.
+func (ss *session) unlinkLocked(r *receipt) {
+	if !r.listed {
+		return
+	}
+	r.listed = false
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else if ss.head == r {
+		ss.head = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else if ss.tail == r {
+		ss.tail = r.prev
+	}
+	r.prev, r.next = nil, nil
+}
+
+// receipt returns msg's receipt, or an error wrapping ErrReceiptInvalid when
+// msg is not from this source or its channel died.
+func (s *Source) receipt(op string, msg *ackwise.Message) (*receipt, error) {
+	r, ok := msg.Handle.(*receipt)
+	if !ok || r == nil || r.s == nil || r.s.src != s {
+		return nil, fmt.Errorf("rabbitmq: %s: message handle %T is not a receipt of this source: %w", op, msg.Handle, adapters.ErrReceiptInvalid)
+	}
+	if r.s.isDead.Load() {
+		r.s.untrack(r)
+		return nil, r.invalid(op)
+	}
+	return r, nil
+}
+
+func (r *receipt) invalid(op string) error {
+	return fmt.Errorf("rabbitmq: %s delivery %d of channel generation %d: channel closed, the broker redelivers it: %w", op, r.d.DeliveryTag, r.s.gen, adapters.ErrReceiptInvalid)
+}
+
+// settled maps the error of an ack/nack/reject on r's channel.
+func (r *receipt) settled(op string, err error) error {
+	if err == nil {
+		r.s.untrack(r)
+		return nil
+	}
+	if errors.Is(err, amqp.ErrClosed) || r.s.ch.IsClosed() {
+		r.s.untrack(r)
+		return r.invalid(op)
+	}
+	return fmt.Errorf("rabbitmq: %s delivery %d: %w", op, r.d.DeliveryTag, err)
+}
+
+// Ack acknowledges msg (basic.ack) on the channel that delivered it. The
+// ack is handed to the channel's writer and Ack returns without waiting
+// for the write (basic.ack has no reply in AMQP either); acks of
+// contiguous deliveries are coalesced into one basic.ack with
+// multiple=true, and Close writes what is left. A delivery from a channel
+// that has since died is not acked (its tag means nothing on another
+// channel): Ack returns an error wrapping adapters.ErrReceiptInvalid and the
+// broker redelivers the message, as it does when the channel dies before
+// the ack was written.
+func (s *Source) Ack(ctx context.Context, msg *ackwise.Message) error {
+	r, err := s.receipt("ack", msg)
+	if err != nil {
+		return err
+	}
+	return r.s.ack(r, "ack")
+}
+
+// Nack moves a copy of msg to the wait queue of the smallest tier at least
+// delay long (the largest tier for longer delays), waits for the broker's
+// confirm, then acks the original (invariant 3). The copy has the payload
+// and headers of msg, ackwise-attempt = msg.Attempt+1 and
+// ackwise-first-failure (set now if it was missing); when its tier's TTL
+// expires the broker dead-letters it back to the work queue. If the channel
+// of msg dies after the copy was confirmed, the original is redelivered
+// too: a duplicate the inbox absorbs.
+func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error {
+	r, err := s.receipt("nack", msg)
+	if err != nil {
+		return err
+	}
+	tier := s.tierFor(delay)
+	queue := s.v.waitQueues[tier]
+	h := msg.Headers.Clone()
+	if h == nil {
+		h = ackwise.Headers{}
+	}
+	h[ackwise.HeaderAttempt] = strconv.Itoa(max(msg.Attempt, 1) + 1)
+	if _, ok := h[ackwise.HeaderFirstFailure]; !ok {
+		first := msg.FirstFailure
+		if first.IsZero() {
+			first = time.Now()
+		}
+		h[ackwise.HeaderFirstFailure] = first.UTC().Format(time.RFC3339Nano)
+	}
+	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, ""))}
+	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack")); err != nil {
+		return fmt.Errorf("rabbitmq: nack: move to wait queue %q: %w", queue, err)
+	}
+	return r.s.ack(r, "nack")
+}
+
+// tierFor returns the index of the smallest tier at least d long, or the
+// largest.
+func (s *Source) tierFor(d time.Duration) int {
+	i, _ := slices.BinarySearch(s.v.DelayTiers, d)
+	return min(i, len(s.v.DelayTiers)-1)
+}
+
+// stillValid stops a move whose delivery became void while the publish
+// waited for a channel: moving it then would only make a duplicate.
+func (s *Source) stillValid(r *receipt, op string) func() error {
+	return func() error {
+		if r.s.isDead.Load() {
+			r.s.untrack(r)
+			return r.invalid(op)
+		}
+		return nil
+	}
+}
+
+// copyOf builds the publishing of a moved message: body byte for byte, the
+// given headers, the delivery's properties except those that would change
+// its fate (expiration would make a wait queue's head block; user-id would
+// be refused from another user), persistent.
+func (s *Source) copyOf(r *receipt, msg *ackwise.Message, headers amqp.Table) amqp.Publishing {
+	d := &r.d
+	id := d.MessageId
+	if id == "" {
+		id = s.pub.nextID()
+	}
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       id,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            msg.Payload,
+	}
+}
+
+// DeadLetter publishes msg to the dead-letter queue with env's headers added
+// to its own (x-death and the delivery's other headers kept, envelope
+// headers of an earlier dead-lettering replaced), payload byte for byte,
+// waits for the broker's confirm, then acks the original (invariants 3 and
+// 4).
+func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
+	r, err := s.receipt("dead-letter", msg)
+	if err != nil {
+		return err
+	}
+	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, msg.Headers, env))}
+	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "dead-letter")); err != nil {
+		return fmt.Errorf("rabbitmq: dead-letter to %q: %w", s.v.DeadLetterQueue, err)
+	}
+	return r.s.ack(r, "dead-letter")
+}
+
+// Release hands msg back with basic.nack requeue=true; the broker delivers
+// it again at once (to this or another consumer). On a quorum queue this
+// counts as a delivery in x-delivery-count; on a classic queue the
+// redelivered flag is set.
+func (s *Source) Release(ctx context.Context, msg *ackwise.Message) error {
+	r, err := s.receipt("release", msg)
+	if err != nil {
+		return err
+	}
+	return r.settled("release", r.s.ch.Nack(r.d.DeliveryTag, false, true))
+}
+
+// ExtendLease does nothing and returns nil: RabbitMQ deliveries have no
+// lease to extend, only the broker's consumer_timeout (see ConsumerTimeout).
+func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.Duration) error {
+	return nil
+}
+
+// Valid reports whether the channel that delivered msg is still alive, so
+// that msg can still be settled. It is cheap (one atomic load).
+func (s *Source) Valid(msg *ackwise.Message) bool {
+	r, ok := msg.Handle.(*receipt)
+	return ok && r != nil && r.s != nil && r.s.src == s && !r.s.isDead.Load()
+}
+
+// Capabilities reports Delay with DelayTiers (one wait queue each), MaxDelay
+// the largest tier, DeliveryCount on quorum queues only, and no lease
+// (Lease 0, ExtendLease false: see Config.ConsumerTimeout).
+func (s *Source) Capabilities() adapters.Capabilities {
+	c := s.caps
+	c.DelayTiers = slices.Clone(c.DelayTiers)
+	return c
+}
+
+// Close writes the acks not yet written, stops consuming and closes the
+// connections. Unacknowledged deliveries are requeued by the broker. Close waits (at most 10s) for
+// outstanding publisher confirms of moves. It is safe to call more than
+// once.
+func (s *Source) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		cur := s.cur
+		s.mu.Unlock()
+		if cur != nil && !cur.isDead.Load() {
+			cur.flush() // acks recorded but not yet written
+		}
+		close(s.closed)
+		s.cancel()
+		s.wg.Wait()
+		s.mu.Lock()
+		ss := s.cur
+		s.mu.Unlock()
+		if ss != nil {
+			ss.kill(adapters.ErrClosed)
+			ss.conn.Close()
+		}
+		s.pub.close()
+	})
+	return nil
+}

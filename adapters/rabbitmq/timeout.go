@@ -1,0 +1,60 @@
+package rabbitmq
+
+import (
+	"context"
+	"time"
+)
+
+// watchTimeouts warns (log and metric) about deliveries held for
+// ConsumerTimeoutWarn: RabbitMQ cannot extend a delivery's time, and at
+// ConsumerTimeout the broker closes the channel, voiding every delivery on
+// it. Each delivery is warned about once.
+func (s *Source) watchTimeouts() {
+	defer s.wg.Done()
+	every := min(max(s.v.ConsumerTimeoutWarn/10, 10*time.Millisecond), 30*time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closed:
+			return
+		case now := <-t.C:
+			s.mu.Lock()
+			ss := s.cur
+			s.mu.Unlock()
+			if ss != nil {
+				s.warnSlow(ss, now)
+			}
+		}
+	}
+}
+
+type slowDelivery struct {
+	tag  uint64
+	id   string
+	held time.Duration
+}
+
+func (s *Source) warnSlow(ss *session, now time.Time) {
+	var slow []slowDelivery
+	ss.mu.Lock()
+	// The list is in delivery order: stop at the first delivery that is
+	// young enough.
+	for r := ss.head; r != nil; r = r.next {
+		held := now.Sub(r.at)
+		if held < s.v.ConsumerTimeoutWarn {
+			break
+		}
+		if !r.warned {
+			r.warned = true
+			slow = append(slow, slowDelivery{tag: r.d.DeliveryTag, id: r.d.MessageId, held: held})
+		}
+	}
+	ss.mu.Unlock()
+	for _, d := range slow {
+		s.timeoutWarnings.Add(context.Background(), 1)
+		s.log.Warn("rabbitmq: delivery held close to the broker's consumer_timeout; at the timeout the broker closes the channel and redelivers every delivery on it",
+			"queue", s.v.Queue, "delivery_tag", d.tag, "message_id", d.id,
+			"held", d.held.String(), "consumer_timeout", s.v.ConsumerTimeout.String())
+	}
+}

@@ -1,0 +1,249 @@
+package rabbitmq
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ackwise/ackwise/adapters"
+)
+
+func init() {
+	o := adapters.Opener{
+		OpenSource: func(ctx context.Context, u *url.URL) (adapters.Source, error) {
+			cfg, err := ConfigFromURL(u)
+			if err != nil {
+				return nil, err
+			}
+			return NewSource(ctx, cfg)
+		},
+		OpenSink: func(ctx context.Context, u *url.URL) (adapters.Sink, error) {
+			cfg, declare, err := SinkConfigFromURL(u)
+			if err != nil {
+				return nil, err
+			}
+			if declare != nil {
+				if err := Declare(ctx, *declare); err != nil {
+					return nil, err
+				}
+			}
+			return NewSink(ctx, cfg)
+		},
+	}
+	adapters.Register("amqp", o)
+	adapters.Register("amqps", o)
+	adapters.Register("rabbit", o)
+}
+
+// URL query parameters, all optional.
+var urlParams = map[string]string{
+	"vhost":                    "virtual host (default /)",
+	"queue_type":               "classic or quorum",
+	"prefetch":                 "basic.qos prefetch count",
+	"tiers":                    "comma-separated delay tiers, e.g. 1s,10s,1m",
+	"declare":                  "true to declare the topology",
+	"dlq":                      "dead-letter queue name",
+	"consumer_timeout":         "the broker's consumer_timeout, or -1",
+	"consumer_timeout_warn":    "warn after holding a delivery this long",
+	"heartbeat":                "AMQP heartbeat interval",
+	"connection_name":          "connection_name client property",
+	"exchange":                 "sink: exchange to publish to",
+	"routing_key":              "sink: routing key",
+	"tls":                      "rabbit:// only: true for TLS",
+	"tls_ca":                   "PEM file of the CA to trust",
+	"tls_cert":                 "PEM file of the client certificate",
+	"tls_key":                  "PEM file of the client key",
+	"tls_server_name":          "server name to verify",
+	"tls_insecure_skip_verify": "true to skip verification (tests only)",
+}
+
+// ConfigFromURL builds a source Config from a URL of the form
+//
+//	amqp://user:password@host:5672/<queue>?vhost=/&queue_type=quorum&prefetch=64&tiers=1s,10s,1m&declare=true
+//
+// The path is the queue (the vhost is the vhost parameter, default "/").
+// Schemes: amqp, amqps (TLS) and rabbit (amqp, or TLS with tls=true). TLS
+// parameters: tls_ca, tls_cert, tls_key (PEM files), tls_server_name,
+// tls_insecure_skip_verify. Other parameters: dlq, consumer_timeout,
+// consumer_timeout_warn, heartbeat (Go durations), connection_name. Unknown
+// parameters are an error. Errors never contain the password.
+func ConfigFromURL(u *url.URL) (Config, error) {
+	p, err := parseURL(u)
+	if err != nil {
+		return Config{}, err
+	}
+	if p.queue == "" {
+		return Config{}, fmt.Errorf("rabbitmq: URL %q names no queue: want %s://host/<queue>", u.Redacted(), u.Scheme)
+	}
+	return p.cfg, nil
+}
+
+// SinkConfigFromURL builds a SinkConfig from a URL like ConfigFromURL's:
+// the path is the queue to publish to through the default exchange, or the
+// exchange and routing_key parameters name the destination. With
+// declare=true it also returns the Config whose topology to declare first.
+func SinkConfigFromURL(u *url.URL) (SinkConfig, *Config, error) {
+	p, err := parseURL(u)
+	if err != nil {
+		return SinkConfig{}, nil, err
+	}
+	c := p.cfg
+	sc := SinkConfig{URL: c.URL, TLS: c.TLS, Exchange: p.exchange, RoutingKey: p.routingKey, Heartbeat: c.Heartbeat, ConnectionName: c.ConnectionName}
+	if sc.RoutingKey == "" && sc.Exchange == "" {
+		if p.queue == "" {
+			return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %q names no queue and no exchange: want %s://host/<queue> or ?exchange=…&routing_key=…", u.Redacted(), u.Scheme)
+		}
+		sc.RoutingKey = p.queue
+	}
+	var declare *Config
+	if c.DeclareTopology {
+		if p.queue == "" {
+			return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %q: declare=true needs the queue in the path", u.Redacted())
+		}
+		declare = &c
+	}
+	return sc, declare, nil
+}
+
+type parsedURL struct {
+	cfg                  Config
+	queue                string
+	exchange, routingKey string
+}
+
+func parseURL(u *url.URL) (parsedURL, error) {
+	var p parsedURL
+	q := u.Query()
+	for k := range q {
+		if _, ok := urlParams[k]; !ok {
+			return p, fmt.Errorf("rabbitmq: URL %q: unknown parameter %q", u.Redacted(), k)
+		}
+	}
+	bad := func(k string, err error) error {
+		return fmt.Errorf("rabbitmq: URL %q: parameter %s = %q: %v", u.Redacted(), k, q.Get(k), err)
+	}
+	useTLS := false
+	switch strings.ToLower(u.Scheme) {
+	case "amqp":
+	case "amqps":
+		useTLS = true
+	case "rabbit":
+		if v := q.Get("tls"); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return p, bad("tls", err)
+			}
+			useTLS = b
+		}
+	default:
+		return p, fmt.Errorf("rabbitmq: URL %q: scheme %q: want amqp, amqps or rabbit", u.Redacted(), u.Scheme)
+	}
+	if q.Has("tls") && strings.ToLower(u.Scheme) != "rabbit" {
+		return p, fmt.Errorf("rabbitmq: URL %q: parameter tls is for rabbit:// URLs; use amqps:// for TLS", u.Redacted())
+	}
+	if u.Host == "" {
+		return p, fmt.Errorf("rabbitmq: URL %q has no host", u.Redacted())
+	}
+	p.queue = strings.TrimPrefix(u.Path, "/")
+	vhost := q.Get("vhost")
+	if vhost == "" {
+		vhost = "/"
+	}
+	amqpURL := url.URL{Scheme: "amqp", User: u.User, Host: u.Host, Path: "/"}
+	if useTLS {
+		amqpURL.Scheme = "amqps"
+	}
+	if vhost != "/" {
+		amqpURL.Path = "/" + vhost
+		amqpURL.RawPath = "/" + url.PathEscape(vhost)
+	}
+	c := Config{URL: amqpURL.String(), Queue: p.queue, QueueType: QueueType(q.Get("queue_type")), DeadLetterQueue: q.Get("dlq"), ConnectionName: q.Get("connection_name")}
+	p.exchange, p.routingKey = q.Get("exchange"), q.Get("routing_key")
+	if v := q.Get("prefetch"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return p, bad("prefetch", err)
+		}
+		c.Prefetch = n
+	}
+	if v := q.Get("declare"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return p, bad("declare", err)
+		}
+		c.DeclareTopology = b
+	}
+	if v := q.Get("tiers"); v != "" {
+		for _, s := range strings.Split(v, ",") {
+			d, err := time.ParseDuration(strings.TrimSpace(s))
+			if err != nil {
+				return p, bad("tiers", err)
+			}
+			c.DelayTiers = append(c.DelayTiers, d)
+		}
+	}
+	for k, dst := range map[string]*time.Duration{"consumer_timeout": &c.ConsumerTimeout, "consumer_timeout_warn": &c.ConsumerTimeoutWarn, "heartbeat": &c.Heartbeat} {
+		v := q.Get(k)
+		if v == "" {
+			continue
+		}
+		if v == "-1" {
+			*dst = -1
+			continue
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return p, bad(k, err)
+		}
+		*dst = d
+	}
+	tlsParams := []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name", "tls_insecure_skip_verify"}
+	anyTLS := false
+	for _, k := range tlsParams {
+		anyTLS = anyTLS || q.Has(k)
+	}
+	if anyTLS {
+		if !useTLS {
+			return p, fmt.Errorf("rabbitmq: URL %q: TLS parameters need amqps:// (or rabbit:// with tls=true)", u.Redacted())
+		}
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: q.Get("tls_server_name")}
+		if v := q.Get("tls_insecure_skip_verify"); v != "" {
+			b, err := strconv.ParseBool(v)
+			if err != nil {
+				return p, bad("tls_insecure_skip_verify", err)
+			}
+			tc.InsecureSkipVerify = b
+		}
+		if f := q.Get("tls_ca"); f != "" {
+			pem, err := os.ReadFile(f)
+			if err != nil {
+				return p, bad("tls_ca", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return p, bad("tls_ca", fmt.Errorf("no PEM certificate in the file"))
+			}
+			tc.RootCAs = pool
+		}
+		cert, key := q.Get("tls_cert"), q.Get("tls_key")
+		if (cert == "") != (key == "") {
+			return p, fmt.Errorf("rabbitmq: URL %q: tls_cert and tls_key go together", u.Redacted())
+		}
+		if cert != "" {
+			pair, err := tls.LoadX509KeyPair(cert, key)
+			if err != nil {
+				return p, bad("tls_cert", err)
+			}
+			tc.Certificates = []tls.Certificate{pair}
+		}
+		c.TLS = tc
+	}
+	p.cfg = c
+	return p, nil
+}
