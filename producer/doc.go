@@ -1,0 +1,12 @@
+// Package producer publishes events with stable IDs and broker confirmation.
+//
+// A [Publisher] wraps an [adapters.Sink]. It gives every message without an
+// ID a new event ID (a UUIDv7: unique, and ordered by time, which keeps inbox
+// indexes compact) before the first attempt, so that a publish retried after
+// a lost confirmation carries the same ID and the consumer's inbox absorbs the
+// copy. It returns only after the broker confirmed every message, retrying
+// transient failures with the retry policy's backoff.
+//
+// The transactional outbox, for publishing as part of a database write, will
+// live in producer/outbox.
+package producer

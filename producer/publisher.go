@@ -1,0 +1,108 @@
+package producer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/google/uuid"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/retry"
+)
+
+// DefaultMaxAttempts is how often Publish tries by default.
+const DefaultMaxAttempts = 3
+
+// Config configures a Publisher. The zero value means the documented
+// defaults.
+type Config struct {
+	// Retry says how often and how late a failed publish is tried again.
+	// Zero MaxAttempts means DefaultMaxAttempts (3); InitialInterval defaults
+	// to 100ms here, MaxInterval to 5s. Unlimited is refused: a publish must
+	// end.
+	Retry retry.Policy
+	// NewID returns a new event ID. Default NewEventID (a UUIDv7).
+	NewID func() string
+}
+
+// Publisher publishes messages through a sink with stable event IDs. It is
+// safe for concurrent use.
+type Publisher struct {
+	sink  adapters.Sink
+	retry retry.Policy
+	newID func() string
+}
+
+// New returns a Publisher on sink. It does not take ownership of sink.
+func New(sink adapters.Sink, cfg Config) (*Publisher, error) {
+	if sink == nil {
+		return nil, errors.New("producer: sink is nil")
+	}
+	if err := cfg.Retry.Validate(); err != nil {
+		return nil, fmt.Errorf("producer: Retry: %w", err)
+	}
+	if cfg.Retry.MaxAttempts == retry.Unlimited {
+		return nil, fmt.Errorf("producer: Retry.MaxAttempts = %d: a publish must end; give a positive number", cfg.Retry.MaxAttempts)
+	}
+	if cfg.Retry.MaxAttempts == 0 {
+		cfg.Retry.MaxAttempts = DefaultMaxAttempts
+	}
+	if cfg.Retry.InitialInterval == 0 {
+		cfg.Retry.InitialInterval = 100 * time.Millisecond
+	}
+	if cfg.Retry.MaxInterval == 0 {
+		cfg.Retry.MaxInterval = max(5*time.Second, cfg.Retry.InitialInterval)
+	}
+	if cfg.NewID == nil {
+		cfg.NewID = NewEventID
+	}
+	return &Publisher{sink: sink, retry: cfg.Retry.WithDefaults(), newID: cfg.NewID}, nil
+}
+
+// NewEventID returns a new event ID: a UUIDv7, unique and ordered by time.
+func NewEventID() string {
+	id, err := uuid.NewV7()
+	if err != nil {
+		// NewV7 fails only when the system's random source does.
+		return uuid.NewString()
+	}
+	return id.String()
+}
+
+// Publish publishes msgs and returns once the broker confirmed every one.
+// Messages without an ID get one first (Publish sets msg.ID), so every retry
+// — this call's own, or the caller's after an error — carries the same ID.
+// A failure marked ackwise.Permanent, a closed sink or a done ctx ends the
+// retries at once. On error some messages may have been published; publishing
+// them again is safe because their IDs are stable.
+func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
+	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("producer: message %d is nil", i)
+		}
+		if m.ID == "" {
+			m.ID = p.newID()
+		}
+	}
+	b := backoff.WithContext(backoff.WithMaxRetries(p.retry.BackOff(), uint64(p.retry.MaxAttempts-1)), ctx)
+	attempt := 0
+	err := backoff.Retry(func() error {
+		attempt++
+		err := p.sink.Publish(ctx, msgs...)
+		switch {
+		case err == nil:
+			return nil
+		case ctx.Err() != nil, errors.Is(err, adapters.ErrClosed), ackwise.ClassOf(err) == ackwise.ClassPermanent:
+			return backoff.Permanent(err)
+		}
+		return err
+	}, b)
+	if err != nil {
+		return fmt.Errorf("producer: publish failed after %d attempt(s): %w", attempt, err)
+	}
+	return nil
+}
