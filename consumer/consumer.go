@@ -493,11 +493,17 @@ func (c *Consumer) fail(ctx context.Context, msg *ackwise.Message, err error, cl
 	}
 	c.log.Debug("retrying", slog.String("event_id", adapters.EventID(msg)), slog.Int("attempt", msg.Attempt), slog.Duration("delay", delay), slog.Any("error", err))
 	if c.inPlace {
-		if !c.waitInPlace(msg, delay) {
-			c.release(msg) // stopping: no new waits
+		if c.stopping.Load() {
+			c.release(msg) // no new waits during the drain
 			return false
 		}
+		// Observe before the wait is scheduled: once it is, the message may
+		// run again on another worker.
 		c.observe(msg, Retried, elapsed)
+		if !c.waitInPlace(msg, delay) {
+			c.release(msg)
+			return false
+		}
 		return true
 	}
 	c.settle(msg, Retried, elapsed, c.src.Nack(sctx, msg, delay))
@@ -557,7 +563,6 @@ func (c *Consumer) waitInPlace(msg *ackwise.Message, delay time.Duration) bool {
 	if c.waiting == nil {
 		c.waiting = make(map[*ackwise.Message]ackwise.Timer)
 	}
-	msg.Attempt++
 	c.waiting[msg] = c.clock.AfterFunc(delay, func() { c.wake(msg) })
 	return true
 }
@@ -570,6 +575,7 @@ func (c *Consumer) wake(msg *ackwise.Message) {
 		return // released by stop
 	}
 	delete(c.waiting, msg)
+	msg.Attempt++
 	c.work <- msg
 }
 

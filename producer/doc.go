@@ -7,6 +7,10 @@
 // copy. It returns only after the broker confirmed every message, retrying
 // transient failures with the retry policy's backoff.
 //
+// InjectTrace writes the W3C trace context of the current span into a
+// message's headers; Publish does it for every message, so consumers using
+// middleware.Tracing continue the producer's trace.
+//
 // The transactional outbox, for publishing as part of a database write, will
 // live in producer/outbox.
 package producer

@@ -74,7 +74,8 @@ func NewEventID() string {
 }
 
 // Publish publishes msgs and returns once the broker confirmed every one.
-// Messages without an ID get one first (Publish sets msg.ID), so every retry
+// The span in ctx, if any, is written into each message's traceparent header
+// (InjectTrace). Messages without an ID get one first (Publish sets msg.ID), so every retry
 // — this call's own, or the caller's after an error — carries the same ID.
 // A failure marked ackwise.Permanent, a closed sink or a done ctx ends the
 // retries at once. On error some messages may have been published; publishing
@@ -87,6 +88,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 		if m.ID == "" {
 			m.ID = p.newID()
 		}
+		InjectTrace(ctx, m)
 	}
 	b := backoff.WithContext(backoff.WithMaxRetries(p.retry.BackOff(), uint64(p.retry.MaxAttempts-1)), ctx)
 	attempt := 0
