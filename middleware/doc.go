@@ -12,7 +12,8 @@
 //
 //	recover → classify → inbox → user middleware → handler
 //
-// Recover sits outside everything so that a panic anywhere becomes a
+// The engine's own recover (not [Recover], which is for pipelines the engine
+// does not run) sits outside everything so that a panic anywhere becomes a
 // classified error; the inbox sits inside classification so that its
 // transaction ends (commit or rollback) before the engine decides to ack,
 // retry or dead-letter. Validate, Permanentize, Timeout and Logging are user
@@ -54,7 +55,8 @@
 // redisinbox (Redis SET NX with a TTL; not transactional, for guarding
 // external calls — see its package documentation for the exact semantics
 // and failure windows) and meminbox (memory, for tests). Stacking the inbox
-// and the version gate on one pginbox or sqliteinbox Store runs both in one
+// and the version gate on pginbox or sqliteinbox stores over one database
+// pool (one Store, or two with different tables) runs both in one
 // transaction.
 //
 // Effects outside the database transaction — an HTTP call to a payment

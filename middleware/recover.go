@@ -19,7 +19,8 @@ type RecoverConfig struct {
 	// a handler that panics on a message will most likely panic on it again,
 	// so the message goes to the dead-letter destination at once. Pass
 	// func(err error) error { return err } to retry panics as transient
-	// failures.
+	// failures. A Mark that returns nil is ignored (the unmarked, transient
+	// *PanicError is returned): a panic never becomes a success.
 	Mark func(err error) error
 	// MaxStack bounds the bytes of stack trace kept in the error (and so in
 	// its text, which travels in the ackwise-dlq-error header). Zero means
@@ -57,6 +58,14 @@ func (e *PanicError) Unwrap() error {
 // crashing the process. It recovers only panics on the goroutine that calls
 // the handler; a handler that starts goroutines recovers those itself.
 // runtime.Goexit is not a panic and is not recovered.
+//
+// The consumer engine (package consumer) recovers handler panics itself,
+// outside the inbox, classifies them by consumer.Config.RetryPanics and
+// counts them in its Stats; it does not need Recover. Recover is for
+// pipelines the engine does not run. Put in consumer.Config.Middleware it
+// still works (the inbox sees an error and rolls back), but it takes the
+// panic from the engine: cfg.Mark decides the class instead of RetryPanics,
+// and the engine no longer counts the panic.
 func Recover(cfg RecoverConfig) ackwise.Middleware {
 	mark := cfg.Mark
 	if mark == nil {
@@ -81,7 +90,11 @@ func Recover(cfg RecoverConfig) ackwise.Middleware {
 					}
 					pe.Stack = st
 				}
-				err = mark(pe)
+				// A Mark that returns nil must not turn a panic into a
+				// success (the message would be acknowledged).
+				if err = mark(pe); err == nil {
+					err = pe
+				}
 			}()
 			return next.Handle(ctx, msg)
 		})

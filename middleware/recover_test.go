@@ -64,3 +64,15 @@ func TestRecover(t *testing.T) {
 		}
 	})
 }
+
+// TestRecoverMarkNilIsNotSuccess: a Mark that returns nil must not turn a
+// panic into nil, which the engine would acknowledge.
+func TestRecoverMarkNilIsNotSuccess(t *testing.T) {
+	t.Parallel()
+	cfg := middleware.RecoverConfig{Mark: func(error) error { return nil }}
+	err := middleware.Recover(cfg)(panicky("boom")).Handle(t.Context(), &ackwise.Message{ID: "e"})
+	var pe *middleware.PanicError
+	if !errors.As(err, &pe) || pe.Value != "boom" {
+		t.Fatalf("got %v, want the *PanicError (a panic is never a success)", err)
+	}
+}

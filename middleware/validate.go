@@ -62,8 +62,10 @@ func DecodeErrors(err error) bool {
 // handler. An error from check is returned marked [ackwise.Permanent] (it
 // wraps [ErrInvalid] too), so the message goes to the dead-letter destination
 // at once and the handler never sees it. An error that check already marked
-// with a class keeps that class. check must be safe for concurrent use; a nil
-// check disables the middleware.
+// with a class keeps that class, and context errors are never marked (a
+// check cut short by a timeout or a shutdown says nothing about the message:
+// it is retried). check must be safe for concurrent use; a nil check
+// disables the middleware.
 func Validate(check func(ctx context.Context, msg *ackwise.Message) error) ackwise.Middleware {
 	return func(next ackwise.Handler) ackwise.Handler {
 		if check == nil {
@@ -71,7 +73,8 @@ func Validate(check func(ctx context.Context, msg *ackwise.Message) error) ackwi
 		}
 		return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
 			if err := check(ctx, msg); err != nil {
-				if ackwise.ClassOf(err) != ackwise.ClassTransient {
+				if ackwise.ClassOf(err) != ackwise.ClassTransient ||
+					errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 					return err
 				}
 				if !errors.Is(err, ErrInvalid) {

@@ -88,3 +88,21 @@ func TestValidate(t *testing.T) {
 		t.Fatalf("valid message: ran %v, err %v", ran, err)
 	}
 }
+
+// TestValidateTimeoutIsNotInvalid: a check cut short by its deadline (a slow
+// schema registry under middleware.Timeout) must not dead-letter a message
+// that may be valid: it stays transient, like Permanentize's context errors.
+func TestValidateTimeoutIsNotInvalid(t *testing.T) {
+	t.Parallel()
+	ran := false
+	next := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { ran = true; return nil })
+	check := func(ctx context.Context, _ *ackwise.Message) error {
+		<-ctx.Done() // the lookup waits on a dependency until the deadline
+		return fmt.Errorf("schema lookup: %w", ctx.Err())
+	}
+	h := middleware.Timeout(10 * time.Millisecond)(middleware.Validate(check)(next))
+	err := h.Handle(t.Context(), &ackwise.Message{})
+	if ran || !errors.Is(err, middleware.ErrTimeout) || ackwise.ClassOf(err) != ackwise.ClassTransient || errors.Is(err, middleware.ErrInvalid) {
+		t.Fatalf("check timed out: ran %v, err %v (class %v); want a transient ErrTimeout, not invalid", ran, err, ackwise.ClassOf(err))
+	}
+}

@@ -134,6 +134,29 @@ func RunInbox(t *testing.T, newStore func(t *testing.T) middleware.InboxStore, o
 		}
 	})
 
+	t.Run("FinishedWorkCommitsAfterCancel", func(t *testing.T) {
+		t.Parallel()
+		store := newStore(t)
+		var runs atomic.Int32
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		h := wrap(t, store, unique(t), func(context.Context, *ackwise.Message) error {
+			runs.Add(1)
+			cancel() // the engine's drain deadline passes as the handler finishes
+			return nil
+		})
+		msg := msgFor("e1")
+		if err := h.Handle(ctx, msg); err != nil {
+			t.Fatalf("handler returned nil but the delivery failed with %v once ctx ended; want its work committed", err)
+		}
+		if err := deliver(t.Context(), t, h, msg); err != nil {
+			t.Fatalf("redelivery: %v", err)
+		}
+		if n := runs.Load(); n != 1 {
+			t.Fatalf("handler ran %d times, want 1 (the redelivery of committed work is a duplicate)", n)
+		}
+	})
+
 	t.Run("ConsumersAreIndependent", func(t *testing.T) {
 		t.Parallel()
 		store := newStore(t)

@@ -77,6 +77,28 @@ func RunVersion(t *testing.T, newStore func(t *testing.T) middleware.VersionStor
 		}
 	})
 
+	t.Run("FinishedWorkCommitsAfterCancel", func(t *testing.T) {
+		t.Parallel()
+		store := newStore(t)
+		var runs int
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		h := gate(t, store, unique(t), func(context.Context, *ackwise.Message) error {
+			runs++
+			cancel() // the engine's drain deadline passes as the handler finishes
+			return nil
+		})
+		if err := h.Handle(ctx, versionMsg("acct-1", 1)); err != nil {
+			t.Fatalf("handler returned nil but the delivery failed with %v once ctx ended; want its version committed", err)
+		}
+		if err := h.Handle(t.Context(), versionMsg("acct-1", 1)); err != nil {
+			t.Fatalf("redelivery: %v", err)
+		}
+		if runs != 1 {
+			t.Fatalf("handler ran %d times, want 1 (the redelivery of a committed version is stale)", runs)
+		}
+	})
+
 	t.Run("AggregatesAreIndependent", func(t *testing.T) {
 		t.Parallel()
 		store := newStore(t)

@@ -220,10 +220,11 @@ func (ownedTx) Rollback(context.Context) error { return ErrTxOwned }
 // same key makes it return claimed=false, and a concurrent claimer of the key
 // waits on the primary key until this transaction ends.
 //
-// Nested in the transaction of another claim of this Store (the version gate
-// outside the inbox), it runs INSERT … ON CONFLICT DO NOTHING in a savepoint.
+// Nested in the transaction of another claim on the same pool (the version
+// gate outside the inbox), it runs INSERT … ON CONFLICT DO NOTHING in a
+// savepoint.
 func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middleware.Claim, bool, error) {
-	if st, _ := ctx.Value(ctxKey{}).(*txState); st != nil && st.store == s {
+	if st := s.enclosing(ctx); st != nil {
 		return s.claimNested(ctx, st.tx, s.claimSQL, key.Consumer, key.EventID)
 	}
 	return s.claimTop(ctx, key)
@@ -233,7 +234,7 @@ func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middle
 // writes version only where it is newer than the stored one; the row lock
 // makes a concurrent claim on the aggregate wait until this one ends.
 func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, bool, error) {
-	if st, _ := ctx.Value(ctxKey{}).(*txState); st != nil && st.store == s {
+	if st := s.enclosing(ctx); st != nil {
 		return s.claimNested(ctx, st.tx, s.versionSQL, key.Consumer, key.Aggregate, version)
 	}
 	conn, err := s.db.Acquire(ctx)
@@ -314,8 +315,19 @@ func (s *Store) claimTop(ctx context.Context, key middleware.InboxKey) (middlewa
 	return c, true, nil
 }
 
+// enclosing returns the claim ctx carries when it is on s's pool: a claim
+// nested in it joins its transaction (a savepoint) instead of taking a
+// second connection, so that the inbox and the version gate stacked on one
+// pool commit together, whether they use one Store or two.
+func (s *Store) enclosing(ctx context.Context) *txState {
+	if st, _ := ctx.Value(ctxKey{}).(*txState); st != nil && st.store.db == s.db {
+		return st
+	}
+	return nil
+}
+
 // claimNested runs a claim in a savepoint of an enclosing claim's
-// transaction (the inbox and the version gate stacked on one Store share one
+// transaction (the inbox and the version gate stacked on one pool share one
 // transaction).
 func (s *Store) claimNested(ctx context.Context, outer pgx.Tx, sql string, args ...any) (middleware.Claim, bool, error) {
 	tx, err := outer.Begin(ctx)
@@ -421,10 +433,16 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Duration) (int64, erro
 // at once and then every interval until ctx is done, and returns ctx's
 // error. A failed run is passed to onError (nil ignores it) and does not stop
 // the job. Start it in a goroutine of its own; running it in several
-// instances at once is safe. An interval of zero or less is an error.
+// instances at once is safe. An interval of zero or less, or a negative
+// olderThan, is an error returned at once.
 func (s *Store) PruneEvery(ctx context.Context, interval, olderThan time.Duration, onError func(error)) error {
 	if interval <= 0 {
 		return fmt.Errorf("pginbox: PruneEvery interval %v must be positive", interval)
+	}
+	if olderThan < 0 {
+		// Every run would fail: a job that never prunes, silently with a
+		// nil onError.
+		return fmt.Errorf("pginbox: PruneEvery olderThan %v is negative", olderThan)
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()

@@ -542,6 +542,16 @@ func TestPruneEvery(t *testing.T) {
 	if err := b.store.PruneEvery(t.Context(), 0, time.Hour, nil); err == nil {
 		t.Fatal("PruneEvery with a zero interval: no error")
 	}
+	// A negative retention fails every run: it must be refused at once, not
+	// become a job that silently never prunes (the bound only stops the
+	// old behaviour from hanging the test).
+	vctx, vcancel := context.WithTimeout(t.Context(), time.Second)
+	err := b.store.PruneEvery(vctx, time.Hour, -time.Second, nil)
+	ended := vctx.Err()
+	vcancel()
+	if err == nil || ended != nil || !strings.Contains(err.Error(), "olderThan -1s") {
+		t.Fatalf("PruneEvery with a negative olderThan: %v; want an error naming it at once", err)
+	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
@@ -560,5 +570,74 @@ func TestPruneEvery(t *testing.T) {
 	}
 	if n := b.count(t, `SELECT count(*) FROM `+table+` WHERE event_id = 'new'`); n != 1 {
 		t.Fatal("the retention job removed a fresh record")
+	}
+}
+
+// TestTwoStoresOnOnePoolShareTransaction: the inbox and the version gate on
+// two Store values over one pool run in one transaction (one backend), so
+// that they commit together and a message holds one connection, not two.
+func TestTwoStoresOnOnePoolShareTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	schema := strings.Trim(b.schema, `"`)
+	gateStore, err := pginbox.New(b.pool, pginbox.Config{Table: schema + ".inbox2", VersionTable: schema + ".versions2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gateStore.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	in, err := middleware.Inbox(b.store, middleware.InboxConfig{Consumer: "proj"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, err := middleware.VersionGate(gateStore, middleware.VersionGateConfig{Consumer: "proj"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outerPID, innerPID uint32
+	var runs atomic.Int32
+	effect := b.effectHandler(&runs, func(n int32) error {
+		if n == 1 {
+			return errors.New("boom")
+		}
+		return nil
+	})
+	h := ackwise.Chain(ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+		if err := pginbox.Tx(ctx).QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&innerPID); err != nil {
+			return err
+		}
+		return effect(ctx, msg)
+	}), in, func(next ackwise.Handler) ackwise.Handler {
+		return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+			if err := pginbox.Tx(ctx).QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&outerPID); err != nil {
+				return err
+			}
+			return next.Handle(ctx, msg)
+		})
+	}, gate)
+	msg := msgFor("acct-1@7")
+	msg.Key = "acct-1"
+	msg.Headers[ackwise.HeaderAggregateVersion] = "7"
+	if err := h.Handle(t.Context(), msg); err == nil {
+		t.Fatal("first attempt: no error, want the handler's")
+	}
+	if outerPID == 0 || outerPID != innerPID {
+		t.Fatalf("inbox ran on backend %d and the gate on %d, want one transaction", outerPID, innerPID)
+	}
+	if _, ok, err := gateStore.Version(t.Context(), middleware.VersionKey{Consumer: "proj", Aggregate: "acct-1"}); ok || err != nil {
+		t.Fatalf("after a failure the version was recorded (%v, %v)", ok, err)
+	}
+	if err := h.Handle(t.Context(), msg); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok, err := gateStore.Version(t.Context(), middleware.VersionKey{Consumer: "proj", Aggregate: "acct-1"}); v != 7 || !ok || err != nil {
+		t.Fatalf("Version = %d, %v, %v; want 7", v, ok, err)
+	}
+	if ok, err := b.store.Handled(t.Context(), middleware.InboxKey{Consumer: "proj", EventID: "acct-1@7"}); !ok || err != nil {
+		t.Fatalf("Handled = %v, %v; want true", ok, err)
+	}
+	if n := b.effects(t, "acct-1@7"); n != 1 {
+		t.Fatalf("%d effect rows, want 1", n)
 	}
 }

@@ -24,8 +24,9 @@ const (
 
 // ErrInProgress is returned (wrapped, marked [ackwise.RetryAfter] with the
 // lock's remaining time) by ClaimEvent when another delivery of the event
-// holds the in-progress lock: the message is retried after the lock expires
-// or the other delivery ends, whichever it finds first.
+// holds the in-progress lock: the message is retried once the lock's
+// remaining time has passed (it is not woken when the other delivery ends
+// earlier); the retry then finds the done record, a free key, or a new lock.
 var ErrInProgress = errors.New("redisinbox: event is being handled by another delivery")
 
 // doneValue marks a handled event; an in-progress lock is "p:" + token.

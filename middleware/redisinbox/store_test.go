@@ -169,7 +169,9 @@ func TestRollbackKeepsAnotherClaimsLock(t *testing.T) {
 
 func TestKeysDoNotCollide(t *testing.T) {
 	t.Parallel()
-	s, err := redisinbox.New(redis.NewClient(&redis.Options{Addr: redisAddr()}), redisinbox.Config{Prefix: "p:"})
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr()})
+	defer rdb.Close()
+	s, err := redisinbox.New(rdb, redisinbox.Config{Prefix: "p:"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,21 +36,34 @@ const DefaultPruneBatch = 5000
 // (_txlock=immediate), so claimers queue for the lock instead of failing on
 // upgrade; every transaction on the returned *sql.DB does so, including the
 // application's own. Pass the result to [New]. The driver is
-// modernc.org/sqlite (pure Go, no cgo).
+// modernc.org/sqlite (pure Go, no cgo). ":memory:" is refused: every
+// pooled connection would open an empty database of its own.
 func Open(path string) (*sql.DB, error) {
 	if path == "" {
 		return nil, errors.New(`sqliteinbox: Open path is ""`)
+	}
+	if path == ":memory:" {
+		// Each connection of the *sql.DB pool would get a database of its
+		// own: the tables Migrate made on one are missing on the others.
+		return nil, errors.New(`sqliteinbox: Open path ":memory:" is not supported (each pooled connection would be a separate empty database); use a file, e.g. in t.TempDir(), or meminbox`)
 	}
 	q := url.Values{}
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", DefaultBusyTimeout.Milliseconds()))
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Set("_txlock", "immediate")
-	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
+	// The path is a file: URI's path: escape what would end it or be
+	// decoded ("a?b.db" would open "a" without the pragmas).
+	db, err := sql.Open("sqlite", "file:"+uriPathEscaper.Replace(path)+"?"+q.Encode())
 	if err != nil {
 		return nil, fmt.Errorf("sqliteinbox: open %q: %w", path, err)
 	}
 	return db, nil
 }
+
+// uriPathEscaper escapes the characters that SQLite's URI filenames (and
+// the driver's parameter parsing) give a meaning: the percent escape
+// itself, the query and the fragment.
+var uriPathEscaper = strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23")
 
 // errClosedClaim is returned by a second Commit or Rollback of one claim.
 var errClosedClaim = errors.New("sqliteinbox: claim already ended")
@@ -165,8 +178,9 @@ func Tx(ctx context.Context) *sql.Tx {
 }
 
 // ClaimEvent implements [middleware.InboxStore] with INSERT … ON CONFLICT DO
-// NOTHING in a new transaction (or a savepoint of an enclosing claim of the
-// same Store). Concurrent claimers queue on SQLite's write lock.
+// NOTHING in a new transaction (or a savepoint of an enclosing claim on the
+// same *sql.DB, whichever Store made it). Concurrent claimers queue on
+// SQLite's write lock.
 func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middleware.Claim, bool, error) {
 	return s.claim(ctx, s.claimSQL, key.Consumer, key.EventID, time.Now().UnixMilli())
 }
@@ -179,14 +193,33 @@ func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, ver
 
 func (s *Store) claim(ctx context.Context, query string, args ...any) (middleware.Claim, bool, error) {
 	c := &claim{store: s}
-	if st, _ := ctx.Value(ctxKey{}).(*txState); st != nil && st.store == s {
+	// stop detaches the transaction from ctx once the claim is made; it
+	// reports false when ctx ended first (the transaction is then being
+	// rolled back).
+	stop := func() bool { return true }
+	// A claim on the same *sql.DB joins the enclosing claim's transaction:
+	// a second transaction would wait for the write lock the first holds,
+	// until the busy timeout.
+	if st, _ := ctx.Value(ctxKey{}).(*txState); st != nil && st.store.db == s.db {
 		c.tx, c.savepoint = st.tx, true
 		if _, err := c.tx.ExecContext(ctx, `SAVEPOINT ackwise_claim`); err != nil {
 			return nil, false, fmt.Errorf("sqliteinbox: savepoint: %w", err)
 		}
 	} else {
-		tx, err := s.db.BeginTx(ctx, nil)
+		// database/sql rolls a transaction back when the context passed to
+		// BeginTx ends, and its Commit fails from then on. The claim must
+		// outlive ctx (the middleware commits a finished handler's work
+		// even when the handler's context ended meanwhile), so the
+		// transaction gets a context of its own, cancelled by ctx only
+		// until the claim is made: ctx still bounds the wait for the write
+		// lock.
+		txCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		stop = context.AfterFunc(ctx, cancel)
+		c.cancel = cancel
+		tx, err := s.db.BeginTx(txCtx, nil)
 		if err != nil {
+			stop()
+			cancel()
 			return nil, false, fmt.Errorf("sqliteinbox: begin: %w", err)
 		}
 		c.tx = tx
@@ -195,6 +228,9 @@ func (s *Store) claim(ctx context.Context, query string, args ...any) (middlewar
 	var n int64
 	if err == nil {
 		n, err = res.RowsAffected()
+	}
+	if !stop() && err == nil {
+		err = context.Cause(ctx)
 	}
 	if err != nil || n == 0 {
 		_ = c.Rollback(context.WithoutCancel(ctx))
@@ -209,6 +245,7 @@ func (s *Store) claim(ctx context.Context, query string, args ...any) (middlewar
 type claim struct {
 	store     *Store
 	tx        *sql.Tx
+	cancel    context.CancelFunc // of a top-level claim's transaction context
 	savepoint bool
 	ended     bool
 }
@@ -226,6 +263,11 @@ func (c *claim) Commit(ctx context.Context) error {
 		_, err := c.tx.ExecContext(ctx, `RELEASE ackwise_claim`)
 		return err
 	}
+	// ctx bounds the COMMIT: the driver ends a COMMIT waiting for a lock
+	// when the transaction's context ends.
+	stop := context.AfterFunc(ctx, c.cancel)
+	defer stop()
+	defer c.cancel()
 	return c.tx.Commit()
 }
 
@@ -241,6 +283,7 @@ func (c *claim) Rollback(ctx context.Context) error {
 		_, err := c.tx.ExecContext(ctx, `RELEASE ackwise_claim`)
 		return err
 	}
+	defer c.cancel()
 	return c.tx.Rollback()
 }
 
@@ -273,10 +316,16 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Duration) (int64, erro
 // at once and then every interval until ctx is done, and returns ctx's
 // error. A failed run is passed to onError (nil ignores it) and does not stop
 // the job. Start it in a goroutine of its own; running it in several
-// instances at once is safe. An interval of zero or less is an error.
+// instances at once is safe. An interval of zero or less, or a negative
+// olderThan, is an error returned at once.
 func (s *Store) PruneEvery(ctx context.Context, interval, olderThan time.Duration, onError func(error)) error {
 	if interval <= 0 {
 		return fmt.Errorf("sqliteinbox: PruneEvery interval %v must be positive", interval)
+	}
+	if olderThan < 0 {
+		// Every run would fail: a job that never prunes, silently with a
+		// nil onError.
+		return fmt.Errorf("sqliteinbox: PruneEvery olderThan %v is negative", olderThan)
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -232,5 +233,178 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := sqliteinbox.Open(""); err == nil {
 		t.Error(`Open(""): no error`)
+	}
+	// An in-memory database is one per pooled connection: claims on a
+	// second connection found no tables.
+	if db, err := sqliteinbox.Open(":memory:"); err == nil || !strings.Contains(err.Error(), `":memory:"`) {
+		if db != nil {
+			db.Close()
+		}
+		t.Errorf(`Open(":memory:"): %v, want an error naming the path`, err)
+	}
+}
+
+// TestFinishedEffectKeptAfterCancel: a handler that wrote its effect and
+// returned nil keeps it even when its context ends before the commit (the
+// engine's drain deadline). database/sql rolls back a transaction whose
+// BeginTx context ends, so the claim's transaction must not be bound to the
+// handler's context.
+func TestFinishedEffectKeptAfterCancel(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var runs atomic.Int32
+	mw, err := middleware.Inbox(b.store, middleware.InboxConfig{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	h := mw(effect(&runs, func(int32) error {
+		cancel()
+		return nil
+	}))
+	if err := h.Handle(ctx, msgFor("e")); err != nil {
+		t.Fatalf("finished handler, ctx ended before the commit: %v; want nil", err)
+	}
+	if n := b.count(t, `SELECT count(*) FROM effects`); n != 1 {
+		t.Fatalf("%d effects, want 1 (the finished work committed)", n)
+	}
+	if ok, err := b.store.Handled(t.Context(), middleware.InboxKey{Consumer: "billing", EventID: "e"}); !ok || err != nil {
+		t.Fatalf("Handled = %v, %v; want true", ok, err)
+	}
+}
+
+// TestCancelledClaimReleasesTheLock: a claim whose context is already done
+// fails and leaves neither a record nor SQLite's write lock behind.
+func TestCancelledClaimReleasesTheLock(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	key := middleware.InboxKey{Consumer: "c", EventID: "e"}
+	if c, ok, err := b.store.ClaimEvent(ctx, key); err == nil || ok || c != nil {
+		t.Fatalf("claim with a done context: %v, %v, %v; want an error", c, ok, err)
+	}
+	// The write lock is free: a claim succeeds well within the busy timeout.
+	wctx, wcancel := context.WithTimeout(t.Context(), sqliteinbox.DefaultBusyTimeout/2)
+	defer wcancel()
+	c, ok, err := b.store.ClaimEvent(wctx, key)
+	if err != nil || !ok {
+		t.Fatalf("claim after a cancelled one: %v, %v; want a fresh claim", ok, err)
+	}
+	if err := c.Commit(wctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOpenAwkwardPaths: Open uses the file at exactly the path given, with
+// the busy timeout and WAL, even when the path holds characters that a file:
+// URI gives a meaning ("a?b.db" used to open "a" without the pragmas).
+func TestOpenAwkwardPaths(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	for _, name := range []string{"a?b.db", "100%25.db", "x#y.db", "p%q.db", "plain.db"} {
+		path := filepath.Join(dir, name)
+		db, err := sqliteinbox.Open(path)
+		if err != nil {
+			t.Fatalf("Open(%q): %v", name, err)
+		}
+		var busy int
+		var journal string
+		err = db.QueryRow(`PRAGMA busy_timeout`).Scan(&busy)
+		if err == nil {
+			err = db.QueryRow(`PRAGMA journal_mode`).Scan(&journal)
+		}
+		if err == nil {
+			_, err = db.Exec(`CREATE TABLE t (x INTEGER)`)
+		}
+		db.Close()
+		if err != nil {
+			t.Fatalf("%q: %v", name, err)
+		}
+		if busy != int(sqliteinbox.DefaultBusyTimeout.Milliseconds()) || journal != "wal" {
+			t.Errorf("%q: busy_timeout %d, journal_mode %q; want %d and wal", name, busy, journal, sqliteinbox.DefaultBusyTimeout.Milliseconds())
+		}
+		if _, err := os.Stat(path); err != nil {
+			t.Errorf("%q: the database is not at the path given: %v", name, err)
+		}
+	}
+}
+
+// TestPruneEveryValidates: settings that would make every run fail are
+// refused at once instead of becoming a job that silently never prunes.
+func TestPruneEveryValidates(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, tc := range []struct {
+		interval, olderThan time.Duration
+		want                string
+	}{
+		{0, time.Hour, "interval 0s"},
+		{time.Hour, -time.Second, "olderThan -1s"},
+	} {
+		// The bound only stops the old behaviour from hanging the test.
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		err := b.store.PruneEvery(ctx, tc.interval, tc.olderThan, nil)
+		ended := ctx.Err()
+		cancel()
+		if err == nil || ended != nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("PruneEvery(%v, %v): %v; want an error containing %q at once", tc.interval, tc.olderThan, err, tc.want)
+		}
+	}
+}
+
+// TestTwoStoresOnOneDBShareTransaction: the inbox and the version gate on two
+// Store values over one *sql.DB (different tables) run in one transaction. A
+// second transaction would wait for the write lock the first holds until
+// the busy timeout, failing every message.
+func TestTwoStoresOnOneDBShareTransaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	gateStore, err := sqliteinbox.New(b.db, sqliteinbox.Config{Table: "inbox2", VersionTable: "versions2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gateStore.Migrate(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	in, err := middleware.Inbox(b.store, middleware.InboxConfig{Consumer: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, err := middleware.VersionGate(gateStore, middleware.VersionGateConfig{Consumer: "p"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	var runs atomic.Int32
+	h := ackwise.Chain(effect(&runs, func(n int32) error {
+		if n == 1 {
+			return boom
+		}
+		return nil
+	}), in, gate)
+	msg := msgFor("a@3")
+	msg.Key, msg.Headers = "a", ackwise.Headers{ackwise.HeaderAggregateVersion: "3"}
+	// Bounded well below the busy timeout, so the old behaviour fails fast.
+	ctx, cancel := context.WithTimeout(t.Context(), sqliteinbox.DefaultBusyTimeout/4)
+	defer cancel()
+	if err := h.Handle(ctx, msg); !errors.Is(err, boom) {
+		t.Fatalf("got %v, want boom", err)
+	}
+	if _, ok, _ := gateStore.Version(ctx, middleware.VersionKey{Consumer: "p", Aggregate: "a"}); ok {
+		t.Fatal("version recorded after a failure")
+	}
+	if err := h.Handle(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	if v, ok, err := gateStore.Version(ctx, middleware.VersionKey{Consumer: "p", Aggregate: "a"}); v != 3 || !ok || err != nil {
+		t.Fatalf("Version = %d %v %v, want 3", v, ok, err)
+	}
+	if ok, _ := b.store.Handled(ctx, middleware.InboxKey{Consumer: "p", EventID: "a@3"}); !ok {
+		t.Fatal("inbox record missing")
+	}
+	if n := b.count(t, `SELECT count(*) FROM effects`); n != 1 {
+		t.Fatalf("%d effects, want 1", n)
 	}
 }
