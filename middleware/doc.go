@@ -109,4 +109,11 @@
 // bounded stack in its text. [Timeout] gives each call a deadline and marks
 // the overrun with [ErrTimeout] (transient). [Logging] writes one slog record
 // per call.
+//
+// # Tracing
+//
+// [Tracing] starts a consumer span per message, continuing the producer's
+// trace from the W3C traceparent header (producer.Publisher injects it), and
+// marks failed spans with their error class. Metrics come from
+// consumer.NewMetrics, an Observer of the engine.
 package middleware
