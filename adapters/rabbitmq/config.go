@@ -52,6 +52,9 @@ const (
 	DefaultDialTimeout = 30 * time.Second
 )
 
+// maxHeartbeat is the longest heartbeat AMQP can express (uint16 seconds).
+const maxHeartbeat = 65535 * time.Second
+
 // maxTiers bounds the number of wait queues a source declares.
 const maxTiers = 32
 
@@ -95,8 +98,9 @@ type Config struct {
 	// amqps://… for TLS (the vhost is the path, as in RabbitMQ's URI spec).
 	// Required. It never appears in logs or errors with its password.
 	URL string
-	// TLS configures TLS for amqps URLs. Nil means the system roots and the
-	// URL's host as server name.
+	// TLS configures TLS for amqps URLs; it is an error with an amqp:// URL.
+	// Nil means the system roots and the URL's host as server name. It is
+	// not modified.
 	TLS *tls.Config
 	// Queue is the work queue to consume from. Required.
 	Queue string
@@ -132,7 +136,8 @@ type Config struct {
 	// ConsumerTimeoutWarn is how long a delivery may be held before the
 	// warning. Zero means 80% of ConsumerTimeout.
 	ConsumerTimeoutWarn time.Duration
-	// Heartbeat is the AMQP heartbeat interval. Zero means DefaultHeartbeat.
+	// Heartbeat is the AMQP heartbeat interval, in whole seconds from 1s to
+	// 65535s. Zero means DefaultHeartbeat.
 	Heartbeat time.Duration
 	// ConnectionName is advertised as the connection_name client property.
 	// Empty means DefaultConnectionName.
@@ -196,14 +201,22 @@ func newConn(rawURL string, tlsCfg *tls.Config, heartbeat time.Duration, name st
 		return c, fmt.Errorf("rabbitmq: URL is malformed (not quoted, it may hold a password)")
 	}
 	c.redacted = u.Redacted()
-	if _, err := amqp.ParseURI(rawURL); err != nil {
+	uri, err := amqp.ParseURI(rawURL)
+	if err != nil {
 		return c, fmt.Errorf("rabbitmq: URL %q: %s", c.redacted, redact(err.Error(), u))
+	}
+	if tlsCfg != nil && uri.Scheme != "amqps" {
+		// amqp091-go ignores the TLS config of an amqp:// URL: the
+		// connection, credentials included, would go in clear text.
+		return c, fmt.Errorf("rabbitmq: TLS is set but URL %q is not amqps://: use amqps:// for TLS, or no TLS config", c.redacted)
 	}
 	if c.heartbeat == 0 {
 		c.heartbeat = DefaultHeartbeat
 	}
-	if c.heartbeat < 0 {
-		return c, fmt.Errorf("rabbitmq: Heartbeat = %v: must not be negative", c.heartbeat)
+	if c.heartbeat < time.Second || c.heartbeat > maxHeartbeat {
+		// AMQP counts the heartbeat in whole seconds (a uint16); amqp091-go
+		// silently replaces a value below 1s with the broker's.
+		return c, fmt.Errorf("rabbitmq: Heartbeat = %v: must be in [1s, %v] (0 means %v)", c.heartbeat, maxHeartbeat, DefaultHeartbeat)
 	}
 	if c.name == "" {
 		c.name = DefaultConnectionName
@@ -295,6 +308,10 @@ func (cfg Config) validate() (validated, error) {
 		name := WaitQueueName(v.Queue, t)
 		if err := checkQueueName("DelayTiers", name); err != nil {
 			return v, err
+		}
+		if name == v.DeadLetterQueue {
+			// Dead letters would expire from it back into the work queue.
+			return v, fmt.Errorf("rabbitmq: DeadLetterQueue = %q: is the wait queue of delay tier %v", v.DeadLetterQueue, t)
 		}
 		v.waitQueues = append(v.waitQueues, name)
 	}

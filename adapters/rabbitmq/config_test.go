@@ -31,9 +31,13 @@ func TestConfigValidation(t *testing.T) {
 		{"tier below ms", func(c *Config) { c.DelayTiers = []time.Duration{time.Second, 10 * time.Microsecond} }, "DelayTiers[1] = 10µs"},
 		{"tier fraction of ms", func(c *Config) { c.DelayTiers = []time.Duration{1500 * time.Microsecond} }, "DelayTiers[0] = 1.5ms"},
 		{"dlq is queue", func(c *Config) { c.DeadLetterQueue = "orders" }, `DeadLetterQueue = "orders"`},
+		// Dead letters would expire back into the work queue.
+		{"dlq is a wait queue", func(c *Config) { c.DeadLetterQueue = "orders.wait.1s" }, `DeadLetterQueue = "orders.wait.1s"`},
 		{"consumer timeout", func(c *Config) { c.ConsumerTimeout = -5 }, "ConsumerTimeout = -5ns"},
 		{"warn above timeout", func(c *Config) { c.ConsumerTimeout = time.Minute; c.ConsumerTimeoutWarn = 2 * time.Minute }, "ConsumerTimeoutWarn = 2m0s"},
 		{"heartbeat", func(c *Config) { c.Heartbeat = -time.Second }, "Heartbeat = -1s"},
+		{"heartbeat below 1s", func(c *Config) { c.Heartbeat = 500 * time.Millisecond }, "Heartbeat = 500ms"},
+		{"heartbeat beyond uint16 seconds", func(c *Config) { c.Heartbeat = 20 * time.Hour }, "Heartbeat = 20h0m0s"},
 		{"reconnect", func(c *Config) { c.ReconnectInitialInterval = time.Minute; c.ReconnectMaxInterval = time.Second }, "ReconnectMaxInterval = 1s"},
 		{"no warning", func(c *Config) { c.ConsumerTimeout = -1 }, ""},
 	}

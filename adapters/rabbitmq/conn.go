@@ -6,20 +6,36 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// dial opens one AMQP connection. ctx bounds the TCP and TLS handshake; the
-// AMQP handshake is bounded by DefaultDialTimeout. amqp091-go's own automatic
-// recovery stays off: ackwise owns recovery so that delivery tags of a dead
-// channel are never used on a new one.
+// dial opens one AMQP connection. ctx bounds the whole attempt: the TCP
+// connect, the TLS handshake and the AMQP handshake (each also at most
+// DefaultDialTimeout). amqp091-go's own automatic recovery stays off:
+// ackwise owns recovery so that delivery tags of a dead channel are never
+// used on a new one.
 func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("rabbitmq: connect to %s: %w", c.redacted, err)
+	}
+	// The socket being dialled, so that ctx can cut its handshake short.
+	var mu sync.Mutex
+	var socket net.Conn
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if socket != nil {
+			_ = socket.SetDeadline(time.Unix(1, 0)) // in the past: fail pending reads and writes
+		}
+	})
+	defer stop()
 	cfg := amqp.Config{
 		Heartbeat:       c.heartbeat,
-		TLSClientConfig: c.tls,
+		TLSClientConfig: c.tls.Clone(), // amqp091-go writes ServerName into it
 		Properties:      amqp.NewConnectionProperties(),
 		Dial: func(network, addr string) (net.Conn, error) {
 			dctx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
@@ -35,6 +51,13 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 				nc.Close()
 				return nil, err
 			}
+			mu.Lock()
+			socket = nc
+			mu.Unlock()
+			if ctx.Err() != nil { // cancelled before the socket was known
+				nc.Close()
+				return nil, ctx.Err()
+			}
 			return nc, nil
 		},
 	}
@@ -45,7 +68,19 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 	}
 	cfg.Properties.SetClientConnectionName(c.name)
 	ac, err := amqp.DialConfig(c.url, cfg)
+	if !stop() && err == nil {
+		// ctx ended while the handshake finished: the socket's deadline
+		// may already be in the past, so the connection is not usable.
+		ac.Close()
+		err = ctx.Err()
+	}
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			if errors.Is(err, cerr) {
+				return nil, fmt.Errorf("rabbitmq: connect to %s: %w", c.redacted, cerr)
+			}
+			return nil, fmt.Errorf("rabbitmq: connect to %s: %w (%v)", c.redacted, cerr, err)
+		}
 		return nil, fmt.Errorf("rabbitmq: connect to %s: %w%s", c.redacted, err, dialHint(err))
 	}
 	return ac, nil

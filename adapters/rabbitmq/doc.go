@@ -64,7 +64,9 @@
 //     tier at least delay long (the largest tier for longer delays), waits
 //     for the publisher confirm, then acks the original (move before ack).
 //     The copy keeps the payload byte for byte and every header (x-death
-//     included), sets ackwise-attempt = Attempt+1 and ackwise-first-failure
+//     included) but x-delivery-count and the CC/BCC routing headers (which
+//     would route the copy to more queues; RabbitMQ's own dead-lettering
+//     drops them too), sets ackwise-attempt = Attempt+1 and ackwise-first-failure
 //     (if missing), keeps the properties but expiration and user-id, and is
 //     persistent.
 //   - DeadLetter publishes the same kind of copy to the dead-letter queue
@@ -122,7 +124,9 @@
 // wrapping adapters.ErrReceiptInvalid and do nothing. The broker redelivers
 // those messages, and the idempotency inbox absorbs the repeats. A Nack or
 // DeadLetter whose channel dies after its copy was confirmed leaves both the
-// copy and the redelivered original: a duplicate, absorbed the same way.
+// copy and the redelivered original: a duplicate, absorbed the same way. A
+// Nack or DeadLetter waiting for the moves connection to come back returns
+// ErrReceiptInvalid as soon as its delivery's channel dies.
 //
 // A Publish in progress when the channel dies waits for the new channel and
 // sends the messages that were not confirmed again (so a message may be

@@ -19,6 +19,10 @@ const HeaderKey = ackwise.HeaderKey
 const (
 	headerDeliveryCount = "x-delivery-count"
 	headerDeath         = "x-death"
+	// CC and BCC are RabbitMQ's sender-selected distribution: extra routing
+	// keys the broker routes a publish to. A delivery keeps CC.
+	headerCC  = "CC"
+	headerBCC = "BCC"
 )
 
 // toTable encodes headers as an AMQP table of strings.
@@ -146,7 +150,10 @@ func deathCount(v any, queue string) int {
 // moveTable builds the headers of a copy of a delivery (a wait-queue hop or
 // a dead letter): the delivery's own table (x-death and non-string values
 // included) with the message's string headers laid over it, minus the
-// broker's per-delivery x-delivery-count.
+// broker's per-delivery x-delivery-count and the CC and BCC routing
+// headers: published again, those would also route the copy to every queue
+// they name (a retry back to work at once, a dead letter into a live queue).
+// RabbitMQ's own dead-lettering drops them for the same reason.
 func moveTable(orig amqp.Table, h ackwise.Headers, dropPrefix string) amqp.Table {
 	t := make(amqp.Table, len(orig)+len(h)+2)
 	for k, v := range orig {
@@ -166,6 +173,8 @@ func moveTable(orig amqp.Table, h ackwise.Headers, dropPrefix string) amqp.Table
 		t[k] = v
 	}
 	delete(t, headerDeliveryCount)
+	delete(t, headerCC)
+	delete(t, headerBCC)
 	return t
 }
 

@@ -110,6 +110,7 @@ func (p *publisher) open(ctx context.Context) (*pubSession, error) {
 		conn:    ac,
 		ch:      ch,
 		pending: make(map[uint64]*pendingPub),
+		pubSem:  make(chan struct{}, 1),
 		dead:    make(chan struct{}),
 	}
 	// Returns are unbuffered and handled by the same goroutine as confirms:
@@ -171,8 +172,13 @@ func (p *publisher) run(s *pubSession) {
 	}
 }
 
-// session returns the live session, waiting while the publisher reconnects.
-func (p *publisher) session(ctx context.Context) (*pubSession, error) {
+// errVoid stops a wait whose void channel closed; publish then reports
+// abort's error.
+var errVoid = errors.New("rabbitmq: publish no longer wanted")
+
+// session returns the live session, waiting while the publisher reconnects,
+// until ctx ends or void (nil: never) is closed.
+func (p *publisher) session(ctx context.Context, void <-chan struct{}) (*pubSession, error) {
 	for {
 		p.mu.Lock()
 		s, changed := p.cur, p.changed
@@ -191,6 +197,8 @@ func (p *publisher) session(ctx context.Context) (*pubSession, error) {
 			return nil, ctx.Err()
 		case <-p.closed:
 			return nil, adapters.ErrClosed
+		case <-void:
+			return nil, errVoid
 		}
 	}
 }
@@ -199,8 +207,10 @@ func (p *publisher) session(ctx context.Context) (*pubSession, error) {
 // Messages whose channel died before their confirm came are sent again on
 // the next channel (they may then be stored twice). Unroutable and refused
 // messages are errors. abort, when not nil, is asked before each attempt
-// and stops the publish with its error.
-func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() error) error {
+// and stops the publish with its error; void (nil: never), once closed,
+// ends any wait for a channel, and abort is asked again (a move whose
+// delivery's channel died stops waiting for the broker to come back).
+func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() error, void <-chan struct{}) error {
 	todo := make([]int, len(msgs))
 	for i := range todo {
 		todo[i] = i
@@ -211,7 +221,10 @@ func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() e
 				return err
 			}
 		}
-		s, err := p.session(ctx)
+		s, err := p.session(ctx, void)
+		if errors.Is(err, errVoid) {
+			return voided(abort)
+		}
 		if err != nil {
 			return err
 		}
@@ -239,6 +252,8 @@ func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() e
 		todo = retry
 		select {
 		case <-s.dead:
+		case <-void:
+			return voided(abort)
 		case <-ctx.Done():
 			return fmt.Errorf("rabbitmq: %d of %d messages unconfirmed: %w", len(todo), len(msgs), ctx.Err())
 		}
@@ -250,6 +265,17 @@ func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() e
 			return fmt.Errorf("rabbitmq: the broker closed the channel: %w", s.err)
 		}
 	}
+}
+
+// voided is publish's error once its void channel closed: abort's, which
+// says why.
+func voided(abort func() error) error {
+	if abort != nil {
+		if err := abort(); err != nil {
+			return err
+		}
+	}
+	return errVoid
 }
 
 // close stops reconnecting, waits (boundedly) for outstanding confirms and
@@ -274,7 +300,7 @@ type pubSession struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
 
-	pubMu sync.Mutex // serializes publishing so sequence numbers match
+	pubSem chan struct{} // one slot: serializes publishing so sequence numbers match (lockPublish)
 
 	pendMu  sync.Mutex
 	pending map[uint64]*pendingPub
@@ -285,6 +311,22 @@ type pubSession struct {
 	isDead atomic.Bool
 	err    error // why the channel died; written before dead is closed
 }
+
+// lockPublish takes the channel for publishing, or fails when ctx ends
+// first: a write can block for long (a broker that blocks publishers in a
+// resource alarm stops reading), and a caller waiting behind it keeps its
+// deadline.
+func (s *pubSession) lockPublish(ctx context.Context) error {
+	select {
+	case s.pubSem <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq: waiting for the publishing channel: %w", ctx.Err())
+	}
+}
+
+// unlockPublish hands the channel to the next publisher.
+func (s *pubSession) unlockPublish() { <-s.pubSem }
 
 type pendingPub struct {
 	b                    *batch
@@ -315,7 +357,9 @@ func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []in
 	b := &batch{res: make([]error, len(idx)), done: make(chan struct{})}
 	b.remaining.Store(int64(len(idx)))
 
-	s.pubMu.Lock()
+	if err := s.lockPublish(ctx); err != nil {
+		return nil, err
+	}
 	seq0 := s.ch.GetNextPublishSeqNo()
 	entries := make([]pendingPub, len(idx))
 	s.pendMu.Lock()
@@ -329,7 +373,7 @@ func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []in
 	}
 	s.pendMu.Unlock()
 	if !registered {
-		s.pubMu.Unlock()
+		s.unlockPublish()
 		for i := range idx {
 			b.resolve(i, errConnLost)
 		}
@@ -360,7 +404,7 @@ func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []in
 			break
 		}
 	}
-	s.pubMu.Unlock()
+	s.unlockPublish()
 
 	select {
 	case <-b.done:

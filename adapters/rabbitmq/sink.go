@@ -81,7 +81,7 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 			Body:         m.Payload,
 		}}
 	}
-	if err := s.p.publish(ctx, out, nil); err != nil {
+	if err := s.p.publish(ctx, out, nil, nil); err != nil {
 		return fmt.Errorf("rabbitmq: publish %d message(s) to exchange %q: %w", len(msgs), s.exchange, err)
 	}
 	return nil

@@ -470,7 +470,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		h[ackwise.HeaderFirstFailure] = first.UTC().Format(time.RFC3339Nano)
 	}
 	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, ""))}
-	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack")); err != nil {
+	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack"), r.s.dead); err != nil {
 		return fmt.Errorf("rabbitmq: nack: move to wait queue %q: %w", queue, err)
 	}
 	return r.s.ack(r, "nack")
@@ -532,7 +532,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 		return err
 	}
 	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, msg.Headers, env))}
-	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "dead-letter")); err != nil {
+	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "dead-letter"), r.s.dead); err != nil {
 		return fmt.Errorf("rabbitmq: dead-letter to %q: %w", s.v.DeadLetterQueue, err)
 	}
 	return r.s.ack(r, "dead-letter")

@@ -856,3 +856,315 @@ func TestOpenByURL(t *testing.T) {
 		queueDepth(t, c, q)
 	}
 }
+
+// TestMovesDropSenderSelectedDistribution: a delivery published with a CC
+// header (RabbitMQ's sender-selected distribution) keeps it; a move that
+// copied it would route the copy to every queue it names as well, so that a
+// retry came back at once and a dead letter went back to work. RabbitMQ's
+// own dead-lettering removes CC and BCC for the same reason.
+func TestMovesDropSenderSelectedDistribution(t *testing.T) {
+	t.Parallel()
+	c := needBroker(t)
+	cfg := testConfig(t, Classic, time.Minute)
+	declare(t, cfg)
+	audit := cfg.Queue + ".audit"
+	if err := withChannel(c, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclare(audit, false, true, false, false, nil)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = withChannel(c, func(ch *amqp.Channel) error {
+			_, err := ch.QueueDelete(audit, false, false, false)
+			return err
+		})
+	})
+	src := newSource(t, cfg)
+	for _, id := range []string{"retry", "dead"} {
+		rawPublish(t, c, cfg.Queue, amqp.Publishing{
+			Headers: amqp.Table{ackwise.HeaderEventID: id, "CC": []any{audit}},
+			Body:    []byte(id),
+		})
+	}
+	if got := len(getAll(t, c, audit)); got != 2 {
+		t.Fatalf("audit queue got %d copies from the producer, want 2", got)
+	}
+	byID := map[string]*ackwise.Message{}
+	for len(byID) < 2 {
+		m := receive(t, src)
+		byID[m.ID] = m
+	}
+	if err := src.Nack(ctxT(t), byID["retry"], time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.DeadLetter(ctxT(t), byID["dead"], dlq.Envelope{Reason: dlq.ReasonPermanent}); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(getAll(t, c, audit)); got != 0 {
+		t.Errorf("moves sent %d copies to the CC queue, want 0", got)
+	}
+	wait := WaitQueueName(cfg.Queue, time.Minute)
+	if n := queueDepth(t, c, wait); n != 1 {
+		t.Errorf("wait queue holds %d, want 1", n)
+	}
+	dead := getAll(t, c, cfg.Queue+".dlq")
+	if len(dead) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(dead))
+	}
+	if _, ok := dead[0].Headers["CC"]; ok {
+		t.Errorf("dead letter still carries CC: %v", dead[0].Headers)
+	}
+}
+
+// TestCoalescedAcksConcurrentSettles: many goroutines ack, release or keep
+// deliveries at once while the flusher coalesces acks. Once the consumer is
+// gone, the broker must hand out again exactly the released and the kept
+// ones: a coalesced ack never covered either.
+func TestCoalescedAcksConcurrentSettles(t *testing.T) {
+	t.Parallel()
+	const total = 400
+	needBroker(t)
+	cfg := testConfig(t, Classic)
+	cfg.Prefetch = total
+	declare(t, cfg)
+	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
+	msgs := make([]*ackwise.Message, total)
+	for i := range msgs {
+		msgs[i] = &ackwise.Message{ID: strconv.Itoa(i), Payload: []byte{byte(i)}}
+	}
+	if err := sink.Publish(ctxT(t), msgs...); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	src, err := NewSource(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work := make(chan *ackwise.Message, total)
+	buf := make([]*ackwise.Message, 64)
+	for got := 0; got < total; {
+		n, err := src.Receive(ctx, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range buf[:n] {
+			work <- m
+		}
+		got += n
+	}
+	close(work)
+	// Deterministic per ID, spread over the tags: 0 ack, 1 release, 2 keep.
+	fate := func(id string) int {
+		n, _ := strconv.Atoi(id)
+		return (n*7 + n/5) % 3
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for m := range work {
+				var err error
+				switch fate(m.ID) {
+				case 0:
+					err = src.Ack(ctx, m)
+				case 1:
+					err = src.Release(ctx, m)
+				}
+				if err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	src.Close()
+
+	want := map[string]bool{}
+	for i := range total {
+		if id := strconv.Itoa(i); fate(id) != 0 {
+			want[id] = true
+		}
+	}
+	again := newSource(t, cfg)
+	got := map[string]bool{}
+	for len(got) < len(want) {
+		m := receive(t, again)
+		if !want[m.ID] {
+			t.Fatalf("acked message %s delivered again", m.ID)
+		}
+		got[m.ID] = true
+	}
+	// Anything acked that should not have been shows up here; nothing
+	// signals its absence, so wait a little.
+	short, cancelShort := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancelShort()
+	for {
+		n, err := again.Receive(short, buf)
+		if err != nil {
+			break
+		}
+		for _, m := range buf[:n] {
+			if !want[m.ID] {
+				t.Fatalf("acked message %s delivered again", m.ID)
+			}
+		}
+	}
+}
+
+// TestConcurrentPublishReturnsMatchTheirCalls: Publish calls share one
+// confirm channel; each unroutable message must fail the call that sent
+// it, and only that one.
+func TestConcurrentPublishReturnsMatchTheirCalls(t *testing.T) {
+	t.Parallel()
+	c := needBroker(t)
+	cfg := testConfig(t, Classic)
+	declare(t, cfg)
+	good := "good-" + cfg.Queue
+	if err := withChannel(c, func(ch *amqp.Channel) error {
+		return ch.QueueBind(cfg.Queue, good, "amq.direct", false, nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, SinkConfig{URL: cfg.URL, Exchange: "amq.direct", ConnectionName: cfg.ConnectionName})
+	const callers, rounds, batch = 6, 10, 16
+	var wg sync.WaitGroup
+	var routed atomic.Int64
+	for g := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				msgs := make([]*ackwise.Message, batch)
+				// Caller g's round r has an unroutable message only when
+				// (g+r) is odd, at position (g+r)%batch.
+				bad := -1
+				if (g+r)%2 == 1 {
+					bad = (g + r) % batch
+				}
+				for i := range msgs {
+					key := good
+					if i == bad {
+						key = fmt.Sprintf("bad-%d-%d-%s", g, r, cfg.Queue)
+					}
+					msgs[i] = &ackwise.Message{ID: fmt.Sprintf("%d-%d-%d", g, r, i), Key: key, Payload: []byte("x")}
+				}
+				err := sink.Publish(ctxT(t), msgs...)
+				switch {
+				case bad < 0 && err != nil:
+					t.Errorf("caller %d round %d: all routable, got %v", g, r, err)
+				case bad >= 0 && (!errors.Is(err, ErrUnroutable) || !strings.Contains(err.Error(), fmt.Sprintf("bad-%d-%d-", g, r))):
+					t.Errorf("caller %d round %d: want ErrUnroutable for its own bad key, got %v", g, r, err)
+				case bad >= 0 && strings.Count(err.Error(), "bad-") != 1:
+					t.Errorf("caller %d round %d: other calls' returns reported: %v", g, r, err)
+				}
+				routed.Add(batch)
+				if bad >= 0 {
+					routed.Add(-1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := queueDepth(t, c, cfg.Queue); n != int(routed.Load()) {
+		t.Fatalf("queue holds %d, want the %d routable messages", n, routed.Load())
+	}
+}
+
+// TestPublishHonoursContextWhileChannelBusy: a Publish queued behind
+// another that holds the channel (its write blocked, as when the broker
+// blocks publishers in a resource alarm) gives up when its ctx ends.
+func TestPublishHonoursContextWhileChannelBusy(t *testing.T) {
+	t.Parallel()
+	needBroker(t)
+	cfg := testConfig(t, Classic)
+	declare(t, cfg)
+	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
+	s, err := sink.p.session(ctxT(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.lockPublish(context.Background()) // the stuck writer
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			s.unlockPublish()
+		}
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- sink.Publish(ctx, &ackwise.Message{ID: "p", Payload: []byte("x")}) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Publish: %v, want context.DeadlineExceeded", err)
+		}
+	case <-time.After(5 * time.Second):
+		release()
+		<-done
+		t.Fatal("Publish ignored its ctx while the channel was busy")
+	}
+	release()
+	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "q", Payload: []byte("y")}); err != nil {
+		t.Fatalf("Publish once the channel is free: %v", err)
+	}
+}
+
+// TestMoveStopsWaitingWhenDeliveryVoid: a Nack waiting for the moves
+// connection to come back returns ErrReceiptInvalid as soon as the channel
+// that delivered its message dies, instead of holding its worker (and the
+// engine's drain) until the broker is reachable again.
+func TestMoveStopsWaitingWhenDeliveryVoid(t *testing.T) {
+	t.Parallel()
+	c := needBroker(t)
+	cfg := testConfig(t, Classic, time.Minute)
+	// Reconnections wait a minute: the moves connection stays down.
+	cfg.ReconnectInitialInterval, cfg.ReconnectMaxInterval = time.Minute, time.Minute
+	declare(t, cfg)
+	src := newSource(t, cfg)
+	rawPublish(t, c, cfg.Queue, amqp.Publishing{Headers: amqp.Table{ackwise.HeaderEventID: "v"}, Body: []byte("v")})
+	m := receive(t, src)
+	if n := closeConnections(t, cfg.ConnectionName+`-moves"`); n != 1 {
+		t.Fatalf("closed %d moves connections, want 1", n)
+	}
+	// The publisher's death reaches the client asynchronously.
+	deadline := time.Now().Add(testTimeout)
+	for {
+		src.pub.mu.Lock()
+		down := src.pub.cur == nil
+		src.pub.mu.Unlock()
+		if down {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("moves publisher did not notice its connection closed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	done := make(chan error, 1)
+	go func() { done <- src.Nack(context.Background(), m, time.Minute) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Nack returned %v while its delivery was valid and the mover down", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if n := closeConnections(t, cfg.ConnectionName+`"`); n != 1 {
+		t.Fatalf("closed %d consumer connections, want 1", n)
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, adapters.ErrReceiptInvalid) {
+			t.Fatalf("Nack: %v, want ErrReceiptInvalid", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Nack still waiting for the mover after its delivery became void")
+	}
+	if n := queueDepth(t, c, WaitQueueName(cfg.Queue, time.Minute)); n != 0 {
+		t.Fatalf("wait queue holds %d, want 0", n)
+	}
+}
