@@ -19,6 +19,9 @@ func CreateTopics(ctx context.Context, cfg Config, partitions int32, replication
 	if err := cfg.validate(false); err != nil {
 		return err
 	}
+	if err := cfg.validateChain(); err != nil { // or it would create topics named after bad tiers
+		return err
+	}
 	cl, err := kgo.NewClient(cfg.clientOpts()...)
 	if err != nil {
 		return fmt.Errorf("kafka: new client: %w", err)

@@ -190,6 +190,12 @@ func (c Config) validate(source bool) error {
 	if c.StartOffset != "earliest" && c.StartOffset != "latest" {
 		return fmt.Errorf("kafka: Config.StartOffset = %q: want \"earliest\" or \"latest\"", c.StartOffset)
 	}
+	return c.validateChain()
+}
+
+// validateChain checks the topics of the chain besides Topic: the
+// dead-letter topic and the retry tiers and their topics.
+func (c Config) validateChain() error {
 	if err := validTopic("DeadLetterTopic", c.DeadLetterTopic); err != nil {
 		return err
 	}

@@ -30,6 +30,12 @@
 // them out len(buf) at a time; records of a partition revoked meanwhile are
 // dropped.
 //
+// A released record ([Source.Release]: shutdown, a settle that failed) is
+// never committed past; while this member keeps its partition, the source
+// rewinds the partition's fetch position to it, so it is delivered again
+// (records after it that were delivered before are fetched again and
+// skipped).
+//
 // A revoked partition's records become invalid: [Source.Valid] reports false
 // and a later settle returns an error wrapping [adapters.ErrReceiptInvalid]; records of a revoked partition
 // that were fetched but not yet delivered are dropped, never handed out. On
@@ -67,15 +73,17 @@
 // (where the record first sat); the original key, value and headers are kept.
 // A retry-topic partition whose head record is not yet due is paused with
 // PauseFetchPartitions and resumed when it is due: nothing sleeps, and the
-// main topic and the other tiers keep flowing. Because a resumed partition
-// joins the next fetch only after the fetch in flight returns, a source with
-// tiers sets franz-go's FetchMaxWait to half the shortest tier (between
-// 100ms and the default 5s). Retry topics must exist before the source
-// starts ([CreateTopics] creates the whole chain with the topic's partition
-// count). A record
-// from a retry topic is delivered as a message of the original topic: Source,
-// Partition and Offset name where it first sat, Attempt comes from its
-// header, and BrokerID names the retry-topic position it was read from.
+// main topic and the other tiers keep flowing. A record is held at most its
+// tier from when this member reads it, whatever its due header says, so a
+// member whose clock ran ahead cannot stall a retry partition. Because a
+// resumed partition joins the next fetch only after the fetch in flight
+// returns, a source with tiers sets franz-go's FetchMaxWait to half the
+// shortest tier (between 100ms and the default 5s). Retry topics must exist
+// before the source starts ([CreateTopics] creates the whole chain with the
+// topic's partition count). A record from a retry topic is delivered as a
+// message of the original topic: Source, Partition and Offset name where it
+// first sat, Attempt comes from its header, and BrokerID names the
+// retry-topic position it was read from.
 //
 // # Dead letters
 //
@@ -98,7 +106,10 @@
 // broker's delivery count, and members may share a partition (no order).
 // Because franz-go auto-accepts a poll's unsettled records on the next poll,
 // the share source does not poll again before every record of the previous
-// poll is settled.
+// poll is settled, and it gives every settled record an explicit status (a
+// record whose lock ran out is released, never left to be accepted).
+// ExtendLease renews the lock (AckRenew); a renewed record stays valid past
+// the lock deadline franz-go reported at fetch time.
 //
 // # Exactly-once Kafka to Kafka
 //

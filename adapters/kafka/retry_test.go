@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/dlq"
 )
@@ -178,5 +180,143 @@ func TestDeadLetterReadableByKcat(t *testing.T) {
 		if !strings.Contains(line, want) {
 			t.Errorf("kcat output lacks %q:\n%s", want, line)
 		}
+	}
+}
+
+// TestRetryDueBoundedByTier: a retry record whose due time lies further
+// ahead than its tier (the member that nacked it had a clock running ahead,
+// or the header is corrupt) waits at most its tier on this member, instead
+// of pausing its retry partition until that far-off time.
+func TestRetryDueBoundedByTier(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	const tier = 300 * time.Millisecond
+	cfg := testConfig(t, brokers, 1, tier)
+	src := openSource(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	retryTopic := DefaultRetryTopic(cfg.Topic, tier)
+	rec := &kgo.Record{Topic: retryTopic, Key: []byte("k"), Value: []byte("v"), Headers: []kgo.RecordHeader{
+		{Key: ackwise.HeaderEventID, Value: []byte("ev-skew")},
+		{Key: ackwise.HeaderAttempt, Value: []byte("2")},
+		{Key: HeaderRetryDue, Value: []byte(strconv.FormatInt(time.Now().Add(time.Hour).UnixMilli(), 10))},
+		{Key: HeaderOriginalTopic, Value: []byte(cfg.Topic)},
+		{Key: HeaderOriginalPartition, Value: []byte("0")},
+		{Key: HeaderOriginalOffset, Value: []byte("7")},
+	}}
+	if err := src.Client().ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+	defer rcancel()
+	buf := make([]*ackwise.Message, 1)
+	n, err := src.Receive(rctx, buf)
+	if err != nil || n != 1 {
+		t.Fatalf("retry record due an hour ahead not delivered within 5s (tier %v): n=%d err=%v", tier, n, err)
+	}
+	if buf[0].ID != "ev-skew" || buf[0].Offset != 7 || buf[0].Attempt != 2 {
+		t.Fatalf("got %+v", buf[0])
+	}
+	if waited := time.Since(start); waited < tier-50*time.Millisecond {
+		t.Fatalf("delivered after %v, before its tier %v", waited, tier)
+	}
+	if err := src.Ack(ctx, buf[0]); err != nil {
+		t.Fatal(err)
+	}
+	waitCommitted(t, brokers, cfg.Group, retryTopic, 0, 1)
+}
+
+// TestReassignedRetryPartitionFetches: franz-go keeps a partition paused
+// across assignments. A retry partition left paused in the client when it was
+// revoked (a pause decided before the revoke and applied after it, which the
+// source now rules out by pausing under its lock) must fetch again once it is
+// assigned back: the assignment resumes it.
+func TestReassignedRetryPartitionFetches(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	const tier = 200 * time.Millisecond
+	cfg := testConfig(t, brokers, 1, tier)
+	cfg.Options = fastGroup
+	retryTopic := DefaultRetryTopic(cfg.Topic, tier)
+	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	a := openSource(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := a.Ack(ctx, receiveN(t, a, 1)[0]); err != nil { // a owns both partitions
+		t.Fatal(err)
+	}
+	// b takes the retry partition: it subscribes to nothing else.
+	assigned := make(chan struct{}, 1)
+	b, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumerGroup(cfg.Group), kgo.ConsumeTopics(retryTopic),
+		kgo.DisableAutoCommit(),
+		kgo.OnPartitionsAssigned(func(_ context.Context, _ *kgo.Client, m map[string][]int32) {
+			if len(m[retryTopic]) > 0 {
+				select {
+				case assigned <- struct{}{}:
+				default:
+				}
+			}
+		})}, fastGroup...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // b must poll for its group membership to progress
+		for {
+			if b.PollFetches(ctx).IsClientClosed() || ctx.Err() != nil {
+				return
+			}
+		}
+	}()
+	select {
+	case <-assigned:
+	case <-ctx.Done():
+		b.Close()
+		t.Fatal("the retry partition never moved to the second member")
+	}
+	// The leftover pause, then the partition comes back to a.
+	a.Client().PauseFetchPartitions(map[string][]int32{retryTopic: {0}})
+	b.Close()
+	rec := &kgo.Record{Topic: retryTopic, Key: []byte("k"), Value: []byte("v"), Headers: []kgo.RecordHeader{
+		{Key: ackwise.HeaderEventID, Value: []byte("ev-back")},
+		{Key: ackwise.HeaderAttempt, Value: []byte("2")},
+		{Key: HeaderRetryDue, Value: []byte(strconv.FormatInt(time.Now().UnixMilli(), 10))},
+		{Key: HeaderOriginalTopic, Value: []byte(cfg.Topic)},
+		{Key: HeaderOriginalPartition, Value: []byte("0")},
+		{Key: HeaderOriginalOffset, Value: []byte("0")},
+	}}
+	if err := a.Client().ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	buf := make([]*ackwise.Message, 1)
+	if n, err := a.Receive(rctx, buf); n != 1 || err != nil {
+		t.Fatalf("retry record on the reassigned partition not delivered: n=%d err=%v (paused: %v)", n, err, a.Client().PauseFetchPartitions(nil))
+	}
+	if buf[0].ID != "ev-back" {
+		t.Fatalf("got %s", buf[0].ID)
+	}
+}
+
+// TestDueRecordOfRevokingPartitionNotDelivered: a held retry record that
+// comes due while its partition is being revoked is dropped with the
+// partition, never handed out (the package documentation's promise for
+// records fetched but not delivered).
+func TestDueRecordOfRevokingPartitionNotDelivered(t *testing.T) {
+	const topic = "t.retry.1s"
+	s := &Source{parts: map[topicPartition]*partition{}, retries: map[string]time.Duration{topic: time.Second}}
+	p := newPartition(topic, 0, true)
+	s.parts[topicPartition{topic, 0}] = p
+	rec := &kgo.Record{Topic: topic, Partition: 0, Offset: 5}
+	seq := p.track(rec.Offset, 0, false)
+	p.held = []heldRecord{{rec: rec, seq: seq, due: time.Now().Add(-time.Second)}}
+	p.own.Store(ownRevoking)
+	buf := make([]*ackwise.Message, 4)
+	if n, _ := s.takeDue(buf, time.Now()); n != 0 {
+		t.Fatalf("delivered %d held records of a revoking partition (%s)", n, buf[0].BrokerID)
+	}
+	if p.inflight != 0 {
+		t.Fatalf("inflight %d on a revoking partition", p.inflight)
 	}
 }

@@ -54,15 +54,31 @@ type ShareSource struct {
 type shareReceipt struct {
 	r       *kgo.Record
 	settled atomic.Bool
+	// renewed is set once ExtendLease renewed the lock: the fetch-time
+	// AcquisitionDeadline no longer says when the lock ends (franz-go does
+	// not move it), so only the broker can judge the lock from then on.
+	renewed atomic.Bool
+}
+
+// expired reports whether rc's acquisition lock surely ran out: its
+// fetch-time deadline passed and it was never renewed. franz-go computes
+// that deadline when the fetch response arrives, so it is never earlier
+// than the broker's.
+func (rc *shareReceipt) expired(now time.Time) bool {
+	if rc.renewed.Load() {
+		return false
+	}
+	d := rc.r.AcquisitionDeadline()
+	return !d.IsZero() && now.After(d)
 }
 
 var _ adapters.Source = (*ShareSource)(nil)
 
 // NewShareSource joins the share group cfg.Group on cfg.Topic. Of cfg,
 // Brokers, Topic, Group, DeadLetterTopic, PollBatch, StartOffset, TLS, SASL,
-// ClientID, Logger and Options are used. StartOffset "earliest" (the
-// default) sets the group's share.auto.offset.reset to earliest, so a new
-// group starts at the beginning of the topic (the broker's default for share
+// ClientID, Logger and Options are used. StartOffset is written to the
+// group's share.auto.offset.reset: "earliest" (the default) makes a new
+// group start at the beginning of the topic (the broker's default for share
 // groups is latest).
 func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 	cfg = cfg.withDefaults()
@@ -78,10 +94,10 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 	)
 	opts = append(opts, cfg.Options...)
-	if cfg.StartOffset == "earliest" {
-		if err := setShareAutoOffsetReset(ctx, cfg, "earliest"); err != nil {
-			return nil, err
-		}
+	// Set either way: a group earlier opened with "earliest" keeps that
+	// setting on the broker, and "latest" would silently not apply.
+	if err := setShareAutoOffsetReset(ctx, cfg, cfg.StartOffset); err != nil {
+		return nil, err
 	}
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
@@ -220,9 +236,13 @@ func (s *ShareSource) settle(msg *ackwise.Message, status kgo.AckStatus) error {
 	if !rc.settled.CompareAndSwap(false, true) {
 		return fmt.Errorf("kafka: %s: already settled", msg.BrokerID)
 	}
-	if d := rc.r.AcquisitionDeadline(); !d.IsZero() && time.Now().After(d) {
+	if rc.expired(time.Now()) {
+		// Never leave it without a status: franz-go's next poll would
+		// accept it. A release of a lock that ran out is refused by the
+		// broker, which redelivers the record either way.
+		rc.r.Ack(kgo.AckRelease)
 		s.done()
-		return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, d, adapters.ErrReceiptInvalid)
+		return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
 	}
 	rc.r.Ack(status)
 	s.done()
@@ -289,19 +309,20 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 	}
 	if !rc.settled.Load() {
 		rc.r.Ack(kgo.AckRenew)
+		rc.renewed.Store(true)
 	}
 	return nil
 }
 
-// Valid reports whether msg is unsettled, its acquisition lock has not run
-// out and the source is open.
+// Valid reports whether msg is unsettled, the source is open and its
+// acquisition lock has not run out (a lock renewed by ExtendLease is assumed
+// held: the broker judges it when msg is settled).
 func (s *ShareSource) Valid(msg *ackwise.Message) bool {
 	rc, ok := msg.Handle.(*shareReceipt)
 	if !ok || rc.settled.Load() || s.closed.Load() {
 		return false
 	}
-	d := rc.r.AcquisitionDeadline()
-	return d.IsZero() || time.Now().Before(d)
+	return !rc.expired(time.Now())
 }
 
 // Close flushes the acks sent so far and leaves the group; the broker

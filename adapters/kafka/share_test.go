@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/dlq"
@@ -92,4 +96,96 @@ func TestShareGroupAcceptReleaseDeadLetter(t *testing.T) {
 	if m.Offset != 10 {
 		t.Fatalf("new member got offset %d (%s), want the new record at 10", m.Offset, m.ID)
 	}
+}
+
+// TestShareReleaseAfterRenewedLockRedelivers: a record whose lock the engine
+// renewed (ExtendLease) past the lock granted at fetch time is still this
+// member's. Releasing it must hand it back; before the fix the source sent
+// no ack for it (it judged the lock expired by the fetch-time deadline) and
+// franz-go's next poll auto-accepted it: the record was lost unhandled.
+func TestShareReleaseAfterRenewedLockRedelivers(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
+		kfake.BrokerConfigs(map[string]string{"group.share.record.lock.duration.ms": "1000", "share.record.lock.sweep.interval.ms": "100"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	cfg := testConfig(t, brokers, 1)
+	in := publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })[0]
+	src := openShare(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	m := receiveN(t, src, 1)[0]
+	fetchDeadline := m.Handle.(*shareReceipt).r.AcquisitionDeadline()
+	// A handler longer than the lock, renewing it as the engine's heartbeat
+	// does (the sleeps are the handler's own work, not a wait for an event).
+	for time.Now().Before(fetchDeadline.Add(300 * time.Millisecond)) {
+		if err := src.ExtendLease(ctx, m, time.Second); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	if !src.Valid(m) {
+		t.Error("renewed record reported invalid after its fetch-time lock deadline")
+	}
+	if err := src.Release(ctx, m); err != nil {
+		t.Fatalf("release of a renewed record: %v", err)
+	}
+	got := receiveN(t, src, 1)[0]
+	if got.ID != in.ID || got.Attempt != 2 {
+		t.Fatalf("after release got %s attempt %d, want %s attempt 2", got.ID, got.Attempt, in.ID)
+	}
+	if err := src.Ack(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestShareStartOffsetLatestApplies: StartOffset "latest" is written to the
+// group's share.auto.offset.reset like "earliest" is; before, a group once
+// opened with "earliest" kept it and "latest" was silently ignored.
+func TestShareStartOffsetLatestApplies(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	for _, want := range []string{"earliest", "latest"} {
+		cfg.StartOffset = want
+		src := openShare(t, cfg)
+		if err := src.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got := shareAutoOffsetReset(t, brokers, cfg.Group); got != want {
+			t.Fatalf("StartOffset %q: group share.auto.offset.reset = %q", want, got)
+		}
+	}
+}
+
+func shareAutoOffsetReset(t *testing.T, brokers []string, group string) string {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	res := kmsg.NewDescribeConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = group
+	res.ConfigNames = []string{"share.auto.offset.reset"}
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range resp.Resources {
+		for _, c := range r.Configs {
+			if c.Name == "share.auto.offset.reset" && c.Value != nil {
+				return *c.Value
+			}
+		}
+	}
+	return ""
 }

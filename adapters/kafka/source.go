@@ -44,6 +44,7 @@ type Source struct {
 	closing chan struct{}
 
 	commitMu sync.Mutex // serializes commits: periodic, on revoke, on close
+	rewindMu sync.Mutex // serializes rewinds of partitions to released records
 	kick     chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
@@ -67,7 +68,8 @@ type heldRecord struct {
 type receipt struct {
 	p   *partition
 	seq int64
-	off int64 // offset in the topic it was read from
+	gen uint16 // delivery generation of the record (see partition.redeliver)
+	off int64  // offset in the topic it was read from
 
 	origTopic string // where the record first sat (differs on retry topics)
 	origPart  int32
@@ -170,14 +172,23 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var unpause map[string][]int32
 	for t, ids := range assigned {
 		_, retry := s.retries[t]
 		for _, id := range ids {
 			k := topicPartition{t, id}
 			if old := s.parts[k]; old != nil {
-				old.own.Store(ownGone)
+				s.dropLocked(cl, []*partition{old})
 			}
 			p := newPartition(t, id, retry)
+			if retry {
+				// A new assignment starts unpaused; make sure the client
+				// agrees (pauses outlive assignments in franz-go).
+				if unpause == nil {
+					unpause = make(map[string][]int32)
+				}
+				unpause[t] = append(unpause[t], id)
+			}
 			if o, ok := offs.Lookup(t, id); ok && o.Err == nil && o.At >= 0 {
 				p.skip = decodeSettled(o.At, o.Metadata)
 				if len(p.skip) == 0 {
@@ -187,6 +198,7 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 			s.parts[k] = p
 		}
 	}
+	resumeLocked(cl, unpause)
 	s.log.Debug("kafka: partitions assigned", "group", s.cfg.Group, "partitions", assigned)
 }
 
@@ -239,12 +251,9 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	err := s.commitLocked(cctx, cl, ps)
 	cancel()
 	s.mu.Lock()
-	resume := s.dropLocked(ps)
+	s.dropLocked(cl, ps)
 	s.mu.Unlock()
 	s.commitMu.Unlock()
-	if len(resume) > 0 {
-		cl.ResumeFetchPartitions(resume)
-	}
 	if err != nil {
 		s.log.Warn("kafka: commit on revoke failed; settled records may be redelivered", "group", s.cfg.Group, "err", err)
 	}
@@ -263,16 +272,14 @@ func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int
 			}
 		}
 	}
-	resume := s.dropLocked(ps)
+	s.dropLocked(cl, ps)
 	s.mu.Unlock()
-	if len(resume) > 0 {
-		cl.ResumeFetchPartitions(resume)
-	}
 	s.log.Warn("kafka: partitions lost", "group", s.cfg.Group, "partitions", lost)
 }
 
-// dropLocked forgets partitions; it returns those that were paused.
-func (s *Source) dropLocked(ps []*partition) map[string][]int32 {
+// dropLocked forgets partitions and resumes those that were paused, so that
+// a later assignment of them fetches.
+func (s *Source) dropLocked(cl *kgo.Client, ps []*partition) {
 	var resume map[string][]int32
 	for _, p := range ps {
 		p.own.Store(ownGone)
@@ -293,7 +300,25 @@ func (s *Source) dropLocked(ps []*partition) map[string][]int32 {
 			resume[p.topic] = append(resume[p.topic], p.id)
 		}
 	}
-	return resume
+	resumeLocked(cl, resume)
+}
+
+// pauseLocked and resumeLocked change the client's paused partitions. They
+// run under s.mu, like every change of partition.paused, so that the client
+// and the tracking cannot disagree: a pause decided for a partition that is
+// dropped meanwhile would otherwise land after the drop's resume and leave
+// the partition paused for its next assignment. The group callbacks pass
+// their client (s.cl may not be set yet when the first assignment runs).
+func pauseLocked(cl *kgo.Client, tps map[string][]int32) {
+	if len(tps) > 0 {
+		cl.PauseFetchPartitions(tps)
+	}
+}
+
+func resumeLocked(cl *kgo.Client, tps map[string][]int32) {
+	if len(tps) > 0 {
+		cl.ResumeFetchPartitions(tps)
+	}
 }
 
 // Receive fills buf with up to len(buf) records: retry records that came due
@@ -312,19 +337,13 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 			return 0, err
 		}
 		now := time.Now()
-		n, next, resume := s.takeDue(buf, now)
-		if len(resume) > 0 {
-			s.cl.ResumeFetchPartitions(resume)
-		}
-		k, pause := s.deliverPending(buf[n:], now)
+		n, next := s.takeDue(buf, now)
+		k, held := s.deliverPending(buf[n:], now)
 		n += k
-		if len(pause) > 0 {
-			s.cl.PauseFetchPartitions(pause)
-		}
 		if n > 0 {
 			return n, nil
 		}
-		if len(pause) > 0 {
+		if held {
 			continue // records were just held: wait for the first one due
 		}
 		pctx, cancel := ctx, context.CancelFunc(nil)
@@ -377,15 +396,16 @@ func (s *Source) stash(fetches kgo.Fetches) {
 	})
 }
 
-// takeDue delivers held retry records that are due. It returns how many it
-// delivered, when the next held record is due (zero if none) and partitions
-// to resume.
-func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next time.Time, resume map[string][]int32) {
+// takeDue delivers held retry records of owned partitions that are due and
+// resumes partitions whose held records are all delivered. It returns how
+// many it delivered and when the next held record is due (zero if none).
+func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var resume map[string][]int32
 	for _, p := range s.parts {
-		if len(p.held) == 0 {
-			continue
+		if len(p.held) == 0 || p.own.Load() != ownOwned {
+			continue // a revoking partition's held records are dropped
 		}
 		i := 0
 		for ; i < len(p.held) && n < len(buf); i++ {
@@ -413,21 +433,34 @@ func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next tim
 			next = d
 		}
 	}
-	return n, next, resume
+	resumeLocked(s.cl, resume)
+	return n, next
 }
 
 // deliverPending tracks stashed records and delivers those that may be
 // handled now, up to len(buf); retry records not yet due are held and their
-// partition paused.
-func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, pause map[string][]int32) {
+// partition paused. held reports whether it held a record of a partition it
+// had to pause.
+func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, held bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var pause map[string][]int32
 	for ; s.pendIdx < len(s.pending) && n < len(buf); s.pendIdx++ {
 		pr := s.pending[s.pendIdx]
 		s.pending[s.pendIdx] = pendingRecord{}
 		r, p := pr.r, pr.p
-		if p.own.Load() != ownOwned || (p.next >= 0 && r.Offset < p.next) {
-			continue // revoked since the poll, or seen before
+		if p.own.Load() != ownOwned {
+			continue // revoked since the poll
+		}
+		if p.next >= 0 && r.Offset < p.next {
+			// Seen before: fetched again after a rewind to a released
+			// record, which is delivered again; the others are skipped.
+			if seq, gen, ok := p.redeliver(r.Offset); ok {
+				buf[n] = s.message(p, r, seq)
+				buf[n].Handle.(*receipt).gen = gen
+				n++
+			}
+			continue
 		}
 		if p.skip != nil {
 			if _, ok := p.skip[r.Offset]; ok {
@@ -436,7 +469,14 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, p
 			}
 		}
 		if p.retry {
-			if due := retryDue(r); len(p.held) > 0 || due.After(now) {
+			due := retryDue(r)
+			// A record is never due later than its tier from now: a
+			// member whose clock ran ahead (or a corrupt header) must not
+			// pause the partition for longer.
+			if limit := now.Add(s.retries[p.topic]); due.After(limit) {
+				due = limit
+			}
+			if len(p.held) > 0 || due.After(now) {
 				seq := p.track(r.Offset, r.LeaderEpoch, false)
 				p.held = append(p.held, heldRecord{rec: r, seq: seq, due: due})
 				if !p.paused {
@@ -453,7 +493,8 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, p
 		buf[n] = s.message(p, r, seq)
 		n++
 	}
-	return n, pause
+	pauseLocked(s.cl, pause)
+	return n, len(pause) > 0
 }
 
 func retryDue(r *kgo.Record) time.Time {
@@ -579,7 +620,7 @@ func (s *Source) settle(msg *ackwise.Message, st uint8) error {
 		s.mu.Unlock()
 		return fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
 	}
-	ok := p.settle(rc.seq, st)
+	ok := p.settleGen(rc.seq, rc.gen, st)
 	kick := ok && st == stSettled && p.dirty()
 	s.mu.Unlock()
 	if !ok {
@@ -613,13 +654,41 @@ func (s *Source) Ack(_ context.Context, msg *ackwise.Message) error {
 	return s.settle(msg, stSettled)
 }
 
-// Release hands msg back unsettled: its offset is never committed by this
-// member, so the partition's next owner (or this member after a restart)
-// delivers it again. It does not seek back: a released record of a partition
-// this member keeps holds that partition's commit back until the member
-// leaves.
+// Release hands msg back unsettled: its offset is not committed until it is
+// delivered again and settled. When this member still owns the partition, it
+// rewinds the partition's fetch position to the first released record, so
+// that record is delivered again (the records after it that were delivered
+// before are fetched again but not redelivered); otherwise the partition's
+// next owner delivers it.
 func (s *Source) Release(_ context.Context, msg *ackwise.Message) error {
-	return s.settle(msg, stReleased)
+	if err := s.settle(msg, stReleased); err != nil {
+		return err
+	}
+	s.rewind(msg.Handle.(*receipt).p)
+	return nil
+}
+
+// rewind sets the fetch position of p, if this member still owns it and is
+// open, to p's first released record. Rewinds are serialized, and each
+// reads the first released record afresh, so that the last one applied
+// never skips a lower released record.
+func (s *Source) rewind(p *partition) {
+	s.rewindMu.Lock()
+	defer s.rewindMu.Unlock()
+	if p.own.Load() != ownOwned || s.closed.Load() {
+		return // the next owner, or this member's next assignment, redelivers it
+	}
+	s.mu.Lock()
+	off := p.firstReleased()
+	s.mu.Unlock()
+	if off < 0 {
+		return // redelivered meanwhile
+	}
+	// Not under s.mu: SetOffsets takes the client's consumer lock, which
+	// its group management holds while it calls onRevoked (which takes
+	// s.mu). A rewind of a partition revoked meanwhile is ignored by the
+	// client; at worst records are fetched again and skipped.
+	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.topic: {p.id: {Epoch: -1, Offset: off}}})
 }
 
 // ExtendLease does nothing: a partition owned by this member has no lease.

@@ -251,3 +251,45 @@ func TestSlowHandlerKeepsMembership(t *testing.T) {
 	}
 	waitCommitted(t, brokers, cfg.Group, cfg.Topic, 0, 1)
 }
+
+// TestReleaseRedeliversOnKeptPartition: the engine releases a record whose
+// settle failed (a dead letter or retry move the broker refused). A released
+// record of a partition this member keeps must come back; before the fix it
+// was never delivered again until the member left, and it held the
+// partition's commit back meanwhile, so the tracker grew with every record
+// after it (unbounded memory).
+func TestReleaseRedeliversOnKeptPartition(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	sink := openSink(t, cfg)
+	in := publishN(t, sink, 3, func(i int) string { return "k" + strconv.Itoa(i) })
+	src := openSource(t, cfg)
+	ctx := context.Background()
+	got := receiveN(t, src, 3)
+	if err := src.Release(ctx, got[0]); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range got[1:] {
+		if err := src.Ack(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	again := receiveN(t, src, 1)[0]
+	if again.ID != in[0].ID || again.Offset != 0 {
+		t.Fatalf("after the release got %s at offset %d, want %s at 0", again.ID, again.Offset, in[0].ID)
+	}
+	// The released delivery is spent: it cannot settle the new one.
+	if err := src.Ack(ctx, got[0]); err == nil {
+		t.Fatal("ack through the released delivery accepted")
+	}
+	if err := src.Ack(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	waitCommitted(t, brokers, cfg.Group, cfg.Topic, 0, 3)
+	// The records after it that were settled are not delivered again.
+	next := publishN(t, sink, 1, func(int) string { return "late" })[0]
+	if m := receiveN(t, src, 1)[0]; m.Offset != 3 || m.ID != next.ID {
+		t.Fatalf("got %s at offset %d, want the new record at 3", m.ID, m.Offset)
+	}
+}

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"slices"
+	"sort"
 	"sync/atomic"
 )
 
@@ -23,6 +24,7 @@ type entry struct {
 	off   int64
 	epoch int32
 	st    uint8
+	gen   uint16 // deliveries of the record after the first (see redeliver)
 }
 
 // partition tracks the delivered records of one assigned partition, in
@@ -89,11 +91,16 @@ func (p *partition) index(seq int64) int {
 	return i
 }
 
-// settle moves the record with sequence seq to state st. It returns false if
-// the record is not in flight (settled or released before).
-func (p *partition) settle(seq int64, st uint8) bool {
+// settle moves the record with sequence seq, first delivery, to state st.
+// It returns false if the record is not in flight (settled or released
+// before).
+func (p *partition) settle(seq int64, st uint8) bool { return p.settleGen(seq, 0, st) }
+
+// settleGen is settle for delivery gen of the record: a message released
+// and delivered again cannot be settled through its earlier delivery.
+func (p *partition) settleGen(seq int64, gen uint16, st uint8) bool {
 	i := p.index(seq)
-	if i < 0 || p.ents[i].st != stInflight {
+	if i < 0 || p.ents[i].st != stInflight || p.ents[i].gen != gen {
 		return false
 	}
 	p.ents[i].st = st
@@ -111,6 +118,42 @@ func (p *partition) settle(seq int64, st uint8) bool {
 		}
 	}
 	return true
+}
+
+// find returns the index in ents of the tracked record at offset off, or
+// -1. ents[head:] are in offset order.
+func (p *partition) find(off int64) int {
+	lo, hi := p.head, len(p.ents)
+	i := lo + sort.Search(hi-lo, func(i int) bool { return p.ents[lo+i].off >= off })
+	if i < hi && p.ents[i].off == off {
+		return i
+	}
+	return -1
+}
+
+// firstReleased returns the offset of the first released record, or -1.
+func (p *partition) firstReleased() int64 {
+	for _, e := range p.ents[p.head:] {
+		if e.st == stReleased {
+			return e.off
+		}
+	}
+	return -1
+}
+
+// redeliver puts the released record at offset off back in flight (it was
+// fetched again) and returns its sequence number and delivery generation;
+// false if no record at off is released.
+func (p *partition) redeliver(off int64) (seq int64, gen uint16, ok bool) {
+	i := p.find(off)
+	if i < 0 || p.ents[i].st != stReleased {
+		return 0, 0, false
+	}
+	e := &p.ents[i]
+	e.st = stInflight
+	e.gen++
+	p.inflight++
+	return p.base + int64(i), e.gen, true
 }
 
 // trackSettled appends a record an earlier owner already settled.

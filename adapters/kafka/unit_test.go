@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"context"
 	"net/url"
 	"slices"
 	"strings"
@@ -173,6 +174,8 @@ func TestParseURL(t *testing.T) {
 		"kafka://h1:9092/",
 		"kafka:///orders",
 		"kafka://h1:9092/orders?tls=maybe",
+		"kafka://alice:s3cret@h1:9092/orders?sasl=plain&tier=1m", // misspelt: not ignored
+		"kafka://h1:9092/orders?group=a&group=b",
 	}
 	for _, raw := range bad {
 		u, err := url.Parse(raw)
@@ -187,5 +190,18 @@ func TestParseURL(t *testing.T) {
 		if strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("error leaks the password: %v", err)
 		}
+	}
+}
+
+// TestCreateTopicsRejectsBadChain: CreateTopics validates the tiers and the
+// dead-letter topic it creates topics for; before, a negative tier created a
+// topic named orders.retry.-1s.
+func TestCreateTopicsRejectsBadChain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	// No broker is contacted: validation fails first.
+	cfg := Config{Brokers: []string{"127.0.0.1:1"}, Topic: "orders", RetryTiers: []time.Duration{-time.Second}}
+	if err := CreateTopics(ctx, cfg, 1, 1); err == nil || !strings.Contains(err.Error(), "Config.RetryTiers[0] = -1s") {
+		t.Fatalf("CreateTopics with a negative tier: %v", err)
 	}
 }

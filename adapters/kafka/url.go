@@ -55,7 +55,8 @@ func init() {
 //   - sasl: plain, scram-sha-256 or scram-sha-512, with the user and
 //     password from the URL's user info.
 //
-// Errors name the bad parameter and never contain the password.
+// An unknown or repeated parameter is an error. Errors name the bad parameter
+// and never contain the password.
 func ParseURL(u *url.URL) (Config, error) {
 	var cfg Config
 	if u.Scheme != "kafka" {
@@ -70,6 +71,14 @@ func ParseURL(u *url.URL) (Config, error) {
 		return cfg, fmt.Errorf("kafka: URL %q: no topic in the path", u.Redacted())
 	}
 	q := u.Query()
+	for k, v := range q {
+		if !urlParams[k] {
+			return cfg, fmt.Errorf("kafka: URL %q: unknown parameter %q", u.Redacted(), k)
+		}
+		if len(v) > 1 {
+			return cfg, fmt.Errorf("kafka: URL %q: parameter %q given %d times", u.Redacted(), k, len(v))
+		}
+	}
 	cfg.Group = q.Get("group")
 	cfg.DeadLetterTopic = q.Get("dlq")
 	cfg.ClientID = q.Get("client_id")
@@ -120,6 +129,14 @@ func ParseURL(u *url.URL) (Config, error) {
 		return cfg, fmt.Errorf("kafka: URL %q has a password but no sasl parameter (plain, scram-sha-256 or scram-sha-512)", u.Redacted())
 	}
 	return cfg, nil
+}
+
+// urlParams are the query parameters ParseURL knows; any other is an error,
+// so that a misspelt one (tier=1m) is not silently ignored.
+var urlParams = map[string]bool{
+	"group": true, "tiers": true, "retry_prefix": true, "dlq": true, "commit_interval": true, "revoke_timeout": true,
+	"start": true, "client_id": true, "tls": true, "tls_ca": true, "tls_cert": true, "tls_key": true,
+	"tls_server_name": true, "tls_insecure_skip_verify": true, "sasl": true,
 }
 
 func tlsFromQuery(q url.Values) (*tls.Config, error) {
