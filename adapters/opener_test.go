@@ -10,13 +10,18 @@ import (
 	"github.com/ackwise/ackwise/adapters"
 )
 
-func TestOpenerErrors(t *testing.T) {
-	t.Parallel()
+func init() {
+	// Registered once per test binary: Register panics on a second call, as
+	// with -count=2.
 	adapters.Register("openertest", adapters.Opener{
 		OpenSink: func(ctx context.Context, u *url.URL) (adapters.Sink, error) {
 			return nil, errors.New("sink " + u.Host)
 		},
 	})
+}
+
+func TestOpenerErrors(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	if _, err := adapters.OpenSource(ctx, "nosuch://x/y"); !errors.Is(err, adapters.ErrUnknownScheme) {
 		t.Fatalf("unknown scheme: %v", err)
