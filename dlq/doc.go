@@ -5,4 +5,10 @@
 // The envelope is encoded as headers added next to the message's own; the
 // payload is never touched and the original headers are kept (invariant 4 in
 // DESIGN.md). docs/headers.md lists every header.
+//
+// [Inspect] reads dead letters without consuming them; [Redrive] moves them
+// back to a work queue or topic with a rate cap, publishing each one (with
+// its event ID unchanged, so idempotent consumers absorb repeats) before it
+// acknowledges the dead letter. The ackwise CLI (cmd/ackwise) wraps both;
+// docs/redrive.md says how to redrive safely.
 package dlq

@@ -117,6 +117,13 @@ type Config struct {
 	// verifies that they exist with the arguments ackwise expects and refuses
 	// to start otherwise.
 	DeclareTopology bool
+	// Plain consumes Queue as it is — a dead-letter queue to inspect or
+	// redrive, a queue ackwise did not set up: no wait queues and no
+	// dead-letter queue are declared or checked, only that Queue exists.
+	// Nack and DeadLetter return ErrPlain and Capabilities.Delay is false
+	// (the engine retries in place). It cannot be combined with
+	// DeclareTopology.
+	Plain bool
 	// DelayTiers are the redelivery delays, one wait queue per tier, named
 	// WaitQueueName(Queue, tier). Nack rounds a delay up to the next tier and
 	// cuts it to the largest. Empty means TiersFor(retry.Policy{}), the tiers
@@ -294,6 +301,9 @@ func (cfg Config) validate() (validated, error) {
 		if len(v.DelayTiers) > maxTiers {
 			return v, fmt.Errorf("rabbitmq: DelayTiers has %d tiers: at most %d", len(v.DelayTiers), maxTiers)
 		}
+	}
+	if v.Plain && v.DeclareTopology {
+		return v, fmt.Errorf("rabbitmq: Plain = true with DeclareTopology = true: a plain source declares nothing; declare the queue yourself")
 	}
 	if v.DeadLetterQueue == "" {
 		v.DeadLetterQueue = cfg.Queue + ".dlq"

@@ -40,6 +40,8 @@ func TestConfigValidation(t *testing.T) {
 		{"heartbeat beyond uint16 seconds", func(c *Config) { c.Heartbeat = 20 * time.Hour }, "Heartbeat = 20h0m0s"},
 		{"reconnect", func(c *Config) { c.ReconnectInitialInterval = time.Minute; c.ReconnectMaxInterval = time.Second }, "ReconnectMaxInterval = 1s"},
 		{"no warning", func(c *Config) { c.ConsumerTimeout = -1 }, ""},
+		{"plain", func(c *Config) { c.Plain = true }, ""},
+		{"plain and declare", func(c *Config) { c.Plain = true; c.DeclareTopology = true }, "Plain = true with DeclareTopology = true"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

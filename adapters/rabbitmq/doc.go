@@ -144,6 +144,13 @@
 // broker does close the channel, the reconnection log names the timeout as
 // the likely cause.
 //
+// # Plain queues
+//
+// Config.Plain (plain=true in the URL) consumes a queue as it is, without
+// the topology above: a dead-letter queue to inspect or redrive with
+// dlq.Redrive or the ackwise CLI. Only the queue's existence is checked; Nack
+// and DeadLetter return ErrPlain, so the engine retries in place.
+//
 // # Concurrency
 //
 // Receive is called from one goroutine at a time; Ack, Nack, DeadLetter,

@@ -27,6 +27,11 @@ var ErrUnroutable = errors.New("rabbitmq: message unroutable")
 // reject-publish). Publishing again later may succeed.
 var ErrNacked = errors.New("rabbitmq: broker refused the message")
 
+// ErrPlain is returned (wrapped) by Nack and DeadLetter on a source opened
+// with Config.Plain: a plain queue has no wait queues and no dead-letter
+// queue to move a message to.
+var ErrPlain = errors.New("rabbitmq: plain source: no wait or dead-letter queues")
+
 // errConnLost marks a publish whose confirmation never came because its
 // channel died; the publisher sends it again on the next channel.
 var errConnLost = errors.New("rabbitmq: channel closed before the broker confirmed")

@@ -71,6 +71,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 			DeliveryCount: v.QueueType == Quorum,
 		},
 	}
+	if v.Plain {
+		s.caps = adapters.Capabilities{DeliveryCount: v.QueueType == Quorum}
+	}
 	mp := v.MeterProvider
 	if mp == nil {
 		mp = noop.NewMeterProvider()
@@ -451,6 +454,9 @@ func (s *Source) Ack(ctx context.Context, msg *ackwise.Message) error {
 // of msg dies after the copy was confirmed, the original is redelivered
 // too: a duplicate the inbox absorbs.
 func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error {
+	if s.v.Plain {
+		return fmt.Errorf("rabbitmq: nack of %s: %w", s.v.Queue, ErrPlain)
+	}
 	r, err := s.receipt("nack", msg)
 	if err != nil {
 		return err
@@ -527,6 +533,9 @@ func (s *Source) copyOf(r *receipt, msg *ackwise.Message, headers amqp.Table) am
 // waits for the broker's confirm, then acks the original (invariants 3 and
 // 4).
 func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
+	if s.v.Plain {
+		return fmt.Errorf("rabbitmq: dead-letter from %s: %w", s.v.Queue, ErrPlain)
+	}
 	r, err := s.receipt("dead-letter", msg)
 	if err != nil {
 		return err

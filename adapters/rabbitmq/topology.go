@@ -38,6 +38,9 @@ type queueSpec struct {
 // configured type; quorum queues that dead-letter do so at-least-once, which
 // RabbitMQ requires to go with overflow=reject-publish.
 func (v validated) topology() []queueSpec {
+	if v.Plain {
+		return []queueSpec{{role: "queue", name: v.Queue}}
+	}
 	base := func() amqp.Table {
 		t := amqp.Table{argQueueType: string(v.QueueType)}
 		if v.QueueType == Quorum {

@@ -48,6 +48,7 @@ var urlParams = map[string]string{
 	"prefetch":                 "basic.qos prefetch count",
 	"tiers":                    "comma-separated delay tiers, e.g. 1s,10s,1m",
 	"declare":                  "true to declare the topology",
+	"plain":                    "true to consume the queue as it is (a dead-letter queue): no topology, no Nack or DeadLetter",
 	"dlq":                      "dead-letter queue name",
 	"consumer_timeout":         "the broker's consumer_timeout, or -1",
 	"consumer_timeout_warn":    "warn after holding a delivery this long",
@@ -171,6 +172,13 @@ func parseURL(u *url.URL) (parsedURL, error) {
 			return p, bad("prefetch", err)
 		}
 		c.Prefetch = n
+	}
+	if v := q.Get("plain"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return p, bad("plain", err)
+		}
+		c.Plain = b
 	}
 	if v := q.Get("declare"); v != "" {
 		b, err := strconv.ParseBool(v)

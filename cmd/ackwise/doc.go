@@ -1,0 +1,29 @@
+// Command ackwise is the operator CLI for ackwise dead letters.
+//
+//	ackwise dlq inspect <source-url> [-n 20] [-json] [-idle 2s]
+//	ackwise dlq stats   <source-url> [-n 1000] [-json] [-idle 2s]
+//	ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N]
+//	                    [-dry-run] [-reason permanent,...] [-class transient,...]
+//	                    [-idle 2s] [-max-held 10000] [-v]
+//
+// URLs are opened with adapters.OpenSource and adapters.OpenSink; the
+// command registers the mem, kafka and amqp/amqps/rabbit schemes (see each
+// adapter's package documentation for its URL parameters). A "mem://" URL
+// opens the in-process broker of this one command run, so it is useful only
+// in tests. The RabbitMQ adapter cannot yet open a source on a dead-letter
+// queue (it expects a work queue's topology around it); RabbitMQ URLs work
+// as redrive targets.
+//
+// inspect and stats receive dead letters and release every one of them
+// before they exit: they never consume. redrive moves dead letters back,
+// publishing each (payload, key, event ID and original headers unchanged,
+// envelope removed) and acknowledging it at the dead-letter source only once
+// the publish is confirmed; see dlq.Redrive and docs/redrive.md. Redrive only
+// into consumers that deduplicate on the event ID.
+//
+// Payloads are never printed (they may hold personal data); passwords in URLs
+// are never printed.
+//
+// Exit status: 0 on success, 1 on a runtime error (a broker that cannot be
+// reached, a failed publish), 2 on a usage error.
+package main

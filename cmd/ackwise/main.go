@@ -1,0 +1,543 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
+
+	// Adapters register their URL schemes when imported.
+	_ "github.com/ackwise/ackwise/adapters/kafka"
+	_ "github.com/ackwise/ackwise/adapters/memory"
+	_ "github.com/ackwise/ackwise/adapters/rabbitmq"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailed  = 1
+	exitUsage   = 2
+	maxErrorLen = 200 // runes of the error text on an inspect line
+	maxSample   = 100000
+)
+
+const usageTop = `usage: ackwise dlq <command> [arguments]
+
+commands:
+  inspect <source-url>                   print dead letters, one a line; consumes nothing
+  stats   <source-url>                   count dead letters by reason, error class and source; consumes nothing
+  redrive <dlq-source-url> <target-url>  move dead letters back, at a capped rate
+
+Run "ackwise dlq <command> -h" for a command's flags. See docs/redrive.md.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run runs the command line args (without the program name), writing
+// results to stdout and diagnostics to stderr, and returns the exit status.
+// An interrupt (SIGINT, SIGTERM) cancels the run; held dead letters are still
+// released.
+func run(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runContext(ctx, args, stdout, stderr)
+}
+
+// usageError is a command line mistake: exit status 2 with a usage message.
+type usageError struct {
+	msg   string
+	usage string
+}
+
+func (e *usageError) Error() string { return e.msg }
+
+// errHelp is returned when help was asked for: usage on stdout, status 0.
+type errHelp struct{ usage string }
+
+func (e *errHelp) Error() string { return "help requested" }
+
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := dispatch(ctx, args, stdout, stderr)
+	var ue *usageError
+	var he *errHelp
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &he):
+		fmt.Fprint(stdout, he.usage)
+		return exitOK
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "ackwise: %s\n\n%s", ue.msg, ue.usage)
+		return exitUsage
+	default:
+		fmt.Fprintf(stderr, "ackwise: %v\n", err)
+		return exitFailed
+	}
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return &usageError{msg: "no command given", usage: usageTop}
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		return &errHelp{usage: usageTop}
+	case "dlq":
+	default:
+		return &usageError{msg: fmt.Sprintf("unknown command %q", args[0]), usage: usageTop}
+	}
+	if len(args) < 2 {
+		return &usageError{msg: "dlq: no subcommand given", usage: usageTop}
+	}
+	switch args[1] {
+	case "inspect":
+		return cmdInspect(ctx, args[2:], stdout)
+	case "stats":
+		return cmdStats(ctx, args[2:], stdout)
+	case "redrive":
+		return cmdRedrive(ctx, args[2:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		return &errHelp{usage: usageTop}
+	}
+	return &usageError{msg: fmt.Sprintf("dlq: unknown subcommand %q", args[1]), usage: usageTop}
+}
+
+// command is one subcommand's flag set and its usage text.
+type command struct {
+	fs       *flag.FlagSet
+	synopsis string
+}
+
+func newCommand(name, synopsis string) *command {
+	fs := flag.NewFlagSet("ackwise dlq "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return &command{fs: fs, synopsis: synopsis}
+}
+
+func (c *command) usage() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "usage: %s\n\nflags:\n", c.synopsis)
+	c.fs.SetOutput(&sb)
+	c.fs.PrintDefaults()
+	c.fs.SetOutput(io.Discard)
+	return sb.String()
+}
+
+func (c *command) usageErr(format string, a ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, a...), usage: c.usage()}
+}
+
+// parse parses flags placed before, between or after the positional
+// arguments, and checks that there are exactly want positional arguments.
+func (c *command) parse(args []string, want ...string) ([]string, error) {
+	var pos []string
+	for {
+		if err := c.fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, &errHelp{usage: c.usage()}
+			}
+			return nil, c.usageErr("%v", err)
+		}
+		args = c.fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	if len(pos) != len(want) {
+		return nil, c.usageErr("want %d argument(s) (%s), got %d", len(want), strings.Join(want, " "), len(pos))
+	}
+	for i, p := range pos {
+		if p == "" {
+			return nil, c.usageErr("%s is empty", want[i])
+		}
+	}
+	return pos, nil
+}
+
+// redact returns rawURL with any password replaced, for messages.
+func redact(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "<malformed URL>"
+	}
+	return u.Redacted()
+}
+
+func openSource(ctx context.Context, rawURL string) (adapters.Source, error) {
+	src, err := adapters.OpenSource(ctx, rawURL)
+	if err != nil {
+		// Opener errors never contain the password; they name the URL.
+		return nil, fmt.Errorf("open source: %w", err)
+	}
+	return src, nil
+}
+
+func inspectFlags(c *command, n int) (*int, *time.Duration) {
+	nf := c.fs.Int("n", n, "receive at most `N` messages (all are released afterwards)")
+	idle := c.fs.Duration("idle", dlq.DefaultIdleTimeout, "stop when no message arrives for this `long`")
+	return nf, idle
+}
+
+func checkSample(c *command, n int, idle time.Duration) error {
+	if n < 1 || n > maxSample {
+		return c.usageErr("-n = %d: want 1 to %d", n, maxSample)
+	}
+	if idle <= 0 {
+		return c.usageErr("-idle = %v: want a positive duration", idle)
+	}
+	return nil
+}
+
+// sample receives up to n messages from rawURL and releases them all.
+func sample(ctx context.Context, rawURL string, n int, idle time.Duration) (res dlq.InspectResult, err error) {
+	src, err := openSource(ctx, rawURL)
+	if err != nil {
+		return res, err
+	}
+	defer func() {
+		if cerr := src.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close source %s: %w", redact(rawURL), cerr)
+		}
+	}()
+	res, err = dlq.Inspect(ctx, src, dlq.InspectOptions{Max: n, IdleTimeout: idle})
+	if err != nil {
+		return res, fmt.Errorf("inspect %s: %w", redact(rawURL), err)
+	}
+	if res.ReleaseFailed > 0 {
+		return res, fmt.Errorf("inspect %s: %d message(s) could not be released; the broker redelivers them when their lease ends", redact(rawURL), res.ReleaseFailed)
+	}
+	return res, nil
+}
+
+func cmdInspect(ctx context.Context, args []string, stdout io.Writer) error {
+	c := newCommand("inspect", "ackwise dlq inspect <source-url> [-n 20] [-json] [-idle 2s]")
+	n, idle := inspectFlags(c, dlq.DefaultInspectMax)
+	asJSON := c.fs.Bool("json", false, "print one JSON object a line")
+	pos, err := c.parse(args, "<source-url>")
+	if err != nil {
+		return err
+	}
+	if err := checkSample(c, *n, *idle); err != nil {
+		return err
+	}
+	res, err := sample(ctx, pos[0], *n, *idle)
+	// Print what was seen even when the run ended with an error.
+	enc := json.NewEncoder(stdout)
+	for _, l := range res.Letters {
+		if *asJSON {
+			if jerr := enc.Encode(letterJSON(l)); jerr != nil {
+				return jerr
+			}
+			continue
+		}
+		fmt.Fprintln(stdout, letterLine(l))
+	}
+	return err
+}
+
+// letterLine renders a dead letter on one line: event ID, then key=value
+// fields, the error text last, quoted and cut to maxErrorLen runes.
+func letterLine(l dlq.Letter) string {
+	m, e := l.Message, l.Envelope
+	id := cmp.Or(m.ID, m.Headers[ackwise.HeaderEventID], "-")
+	if l.Err != nil {
+		return fmt.Sprintf("%s no-envelope broker-id=%s (%v)", id, cmp.Or(m.BrokerID, "-"), l.Err)
+	}
+	last := "-"
+	if !e.LastFailure.IsZero() {
+		last = e.LastFailure.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("%s reason=%s class=%s attempts=%d source=%s last-failure=%s error=%q",
+		id, field(string(e.Reason)), field(e.ErrorClass), e.Attempts, field(e.Source), last, cut(e.Error, maxErrorLen))
+}
+
+// field renders a value that should be one word: "-" when empty, quoted
+// when it holds spaces or quotes.
+func field(s string) string {
+	if s == "" {
+		return "-"
+	}
+	if strings.ContainsAny(s, " \t\n\"=") || !strconv.CanBackquote(s) {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// cut returns the first n runes of s, with "…" when it cut.
+func cut(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	i := 0
+	for k := range s {
+		if i == n {
+			return s[:k] + "…"
+		}
+		i++
+	}
+	return s
+}
+
+type letterOut struct {
+	EventID         string     `json:"event_id"`
+	Key             string     `json:"key,omitempty"`
+	BrokerID        string     `json:"broker_id,omitempty"`
+	DeadLetter      bool       `json:"dead_letter"`
+	EnvelopeError   string     `json:"envelope_error,omitempty"`
+	Reason          string     `json:"reason,omitempty"`
+	ErrorClass      string     `json:"error_class,omitempty"`
+	Error           string     `json:"error,omitempty"`
+	Source          string     `json:"source,omitempty"`
+	Partition       *int32     `json:"partition,omitempty"`
+	Offset          *int64     `json:"offset,omitempty"`
+	MessageID       string     `json:"message_id,omitempty"`
+	Attempts        int        `json:"attempts,omitempty"`
+	FirstFailure    *time.Time `json:"first_failure,omitempty"`
+	LastFailure     *time.Time `json:"last_failure,omitempty"`
+	Consumer        string     `json:"consumer,omitempty"`
+	ConsumerVersion string     `json:"consumer_version,omitempty"`
+	PayloadBytes    int        `json:"payload_bytes"`
+}
+
+func letterJSON(l dlq.Letter) letterOut {
+	m, e := l.Message, l.Envelope
+	o := letterOut{
+		EventID:      cmp.Or(m.ID, m.Headers[ackwise.HeaderEventID]),
+		Key:          m.Key,
+		BrokerID:     m.BrokerID,
+		PayloadBytes: len(m.Payload),
+	}
+	if l.Err != nil {
+		o.EnvelopeError = l.Err.Error()
+		return o
+	}
+	o.DeadLetter = true
+	o.Reason, o.ErrorClass, o.Error, o.Source = string(e.Reason), e.ErrorClass, e.Error, e.Source
+	o.MessageID, o.Attempts, o.Consumer, o.ConsumerVersion = e.MessageID, e.Attempts, e.Consumer, e.ConsumerVersion
+	if e.Partition >= 0 {
+		o.Partition = &e.Partition
+	}
+	if e.Offset >= 0 {
+		o.Offset = &e.Offset
+	}
+	if !e.FirstFailure.IsZero() {
+		o.FirstFailure = &e.FirstFailure
+	}
+	if !e.LastFailure.IsZero() {
+		o.LastFailure = &e.LastFailure
+	}
+	return o
+}
+
+type statsOut struct {
+	Messages     int            `json:"messages"`
+	DeadLetters  int            `json:"dead_letters"`
+	NoEnvelope   int            `json:"no_envelope"`
+	ByReason     map[string]int `json:"by_reason"`
+	ByErrorClass map[string]int `json:"by_error_class"`
+	BySource     map[string]int `json:"by_source"`
+	OldestFirst  *time.Time     `json:"oldest_first_failure,omitempty"`
+	NewestLast   *time.Time     `json:"newest_last_failure,omitempty"`
+	Stop         string         `json:"stop"`
+}
+
+func cmdStats(ctx context.Context, args []string, stdout io.Writer) error {
+	c := newCommand("stats", "ackwise dlq stats <source-url> [-n 1000] [-json] [-idle 2s]")
+	n, idle := inspectFlags(c, 1000)
+	asJSON := c.fs.Bool("json", false, "print one JSON object")
+	pos, err := c.parse(args, "<source-url>")
+	if err != nil {
+		return err
+	}
+	if err := checkSample(c, *n, *idle); err != nil {
+		return err
+	}
+	res, err := sample(ctx, pos[0], *n, *idle)
+	if err != nil {
+		return err
+	}
+	s := statsOut{Messages: len(res.Letters), ByReason: map[string]int{}, ByErrorClass: map[string]int{}, BySource: map[string]int{}, Stop: string(res.Stop)}
+	for _, l := range res.Letters {
+		if l.Err != nil {
+			s.NoEnvelope++
+			continue
+		}
+		e := l.Envelope
+		s.DeadLetters++
+		s.ByReason[cmp.Or(string(e.Reason), "-")]++
+		s.ByErrorClass[cmp.Or(e.ErrorClass, "-")]++
+		s.BySource[cmp.Or(e.Source, "-")]++
+		if f := e.FirstFailure; !f.IsZero() && (s.OldestFirst == nil || f.Before(*s.OldestFirst)) {
+			s.OldestFirst = &f
+		}
+		if f := e.LastFailure; !f.IsZero() && (s.NewestLast == nil || f.After(*s.NewestLast)) {
+			s.NewestLast = &f
+		}
+	}
+	if *asJSON {
+		return json.NewEncoder(stdout).Encode(s)
+	}
+	fmt.Fprintf(stdout, "messages: %d (dead letters: %d, without envelope: %d)\n", s.Messages, s.DeadLetters, s.NoEnvelope)
+	for _, g := range []struct {
+		name   string
+		counts map[string]int
+	}{{"reason", s.ByReason}, {"error class", s.ByErrorClass}, {"source", s.BySource}} {
+		fmt.Fprintf(stdout, "by %s:\n", g.name)
+		for _, k := range byCount(g.counts) {
+			fmt.Fprintf(stdout, "  %-24s %d\n", field(k), g.counts[k])
+		}
+	}
+	if s.OldestFirst != nil {
+		fmt.Fprintf(stdout, "oldest first failure: %s\n", s.OldestFirst.UTC().Format(time.RFC3339))
+	}
+	if s.NewestLast != nil {
+		fmt.Fprintf(stdout, "newest last failure: %s\n", s.NewestLast.UTC().Format(time.RFC3339))
+	}
+	fmt.Fprintf(stdout, "stopped: %s\n", stopText(res.Stop, *n, *idle))
+	return nil
+}
+
+// byCount returns m's keys, most frequent first, then by name.
+func byCount(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		return cmp.Or(cmp.Compare(m[b], m[a]), cmp.Compare(a, b))
+	})
+	return keys
+}
+
+func stopText(s dlq.StopReason, n int, idle time.Duration) string {
+	switch s {
+	case dlq.StopIdle:
+		return fmt.Sprintf("idle (no message within %v: drained, or the broker holds back more deliveries)", idle)
+	case dlq.StopMax:
+		return fmt.Sprintf("max (%d reached; there may be more)", n)
+	case dlq.StopHeldLimit:
+		return "held-limit (too many messages held unsettled; narrow the filter or raise -max-held)"
+	case dlq.StopRepeat:
+		return "repeat (a held message came back: every message was seen)"
+	}
+	return string(s)
+}
+
+// list is a comma-separated flag value.
+type list []string
+
+func (l *list) String() string { return strings.Join(*l, ",") }
+
+func (l *list) Set(v string) error {
+	for _, s := range strings.Split(v, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			*l = append(*l, s)
+		}
+	}
+	return nil
+}
+
+func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
+	c := newCommand("redrive", "ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N] [-dry-run] [-reason permanent] [-idle 2s]")
+	rateF := c.fs.Float64("rate", dlq.DefaultRate, "publish at most `N` messages a second (-1: no cap)")
+	maxF := c.fs.Int("max", 0, "move at most `N` messages (0: no limit); with -dry-run, count at most N")
+	dry := c.fs.Bool("dry-run", false, "decide and print, move nothing")
+	var reasons, classes list
+	c.fs.Var(&reasons, "reason", "move only dead letters with these `reasons` (comma-separated: permanent, max-attempts, expired, …)")
+	c.fs.Var(&classes, "class", "move only dead letters with these error `classes` (comma-separated: transient, permanent, …)")
+	idle := c.fs.Duration("idle", dlq.DefaultIdleTimeout, "stop when no message arrives for this `long`")
+	maxHeld := c.fs.Int("max-held", dlq.DefaultMaxHeld, "hold at most `N` skipped messages unsettled before stopping")
+	verbose := c.fs.Bool("v", false, "print a line for every message, not only in a dry run")
+	pos, err := c.parse(args, "<dlq-source-url>", "<target-sink-url>")
+	if err != nil {
+		return err
+	}
+	if *rateF == 0 {
+		return c.usageErr("-rate = 0: want messages per second, or -1 for no cap")
+	}
+	if *idle <= 0 {
+		return c.usageErr("-idle = %v: want a positive duration", *idle)
+	}
+	if *maxHeld < 1 {
+		return c.usageErr("-max-held = %d: want at least 1", *maxHeld)
+	}
+	if pos[0] == pos[1] {
+		return c.usageErr("the dead-letter source and the target are the same URL (%s)", redact(pos[0]))
+	}
+	opts := dlq.RedriveOptions{Rate: *rateF, Max: *maxF, DryRun: *dry, IdleTimeout: *idle, MaxHeld: *maxHeld}
+	if err := opts.Validate(); err != nil {
+		return c.usageErr("%v", err)
+	}
+	if len(reasons) > 0 || len(classes) > 0 {
+		opts.Filter = func(_ *ackwise.Message, env dlq.Envelope) bool {
+			return (len(reasons) == 0 || slices.Contains(reasons, string(env.Reason))) &&
+				(len(classes) == 0 || slices.Contains(classes, env.ErrorClass))
+		}
+	}
+	opts.OnMessage = func(msg *ackwise.Message, env dlq.Envelope, a dlq.Action) {
+		if *dry || *verbose || a == dlq.ActionFailed {
+			l := dlq.Letter{Message: msg, Envelope: env}
+			if a == dlq.ActionNoEnvelope {
+				l.Err = errors.New("no envelope")
+			}
+			fmt.Fprintf(stdout, "%s %s\n", a, letterLine(l))
+		}
+	}
+
+	src, err := openSource(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := src.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close source %s: %w", redact(pos[0]), cerr)
+		}
+	}()
+	var sink adapters.Sink
+	if !*dry {
+		if sink, err = adapters.OpenSink(ctx, pos[1]); err != nil {
+			return fmt.Errorf("open target: %w", err)
+		}
+		defer func() {
+			if cerr := sink.Close(); cerr != nil && err == nil {
+				err = fmt.Errorf("close target %s: %w", redact(pos[1]), cerr)
+			}
+		}()
+	}
+	res, rerr := dlq.Redrive(ctx, src, sink, opts) // sink is nil in a dry run
+	verb := "moved"
+	n := res.Moved
+	if *dry {
+		verb, n = "would move", res.WouldMove
+	}
+	fmt.Fprintf(stdout, "%s %d from %s to %s; skipped %d (%d without envelope); failed %d; %s in %v\n",
+		verb, n, redact(pos[0]), redact(pos[1]), res.Skipped, res.NoEnvelope, res.Failed,
+		"stopped: "+stopText(res.Stop, *maxF, *idle), res.Elapsed.Round(time.Millisecond))
+	if res.ReleaseFailed > 0 {
+		fmt.Fprintf(stderr, "ackwise: warning: %d held message(s) could not be released; the broker redelivers them when their lease ends\n", res.ReleaseFailed)
+	}
+	if rerr != nil {
+		return fmt.Errorf("redrive: %w", rerr)
+	}
+	return nil
+}

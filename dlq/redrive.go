@@ -1,0 +1,668 @@
+package dlq
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/ackwise/ackwise"
+)
+
+// RedriveSource is the part of adapters.Source that Redrive and Inspect use;
+// every adapters.Source satisfies it. (Package adapters imports dlq, so dlq
+// names the three methods it needs instead of importing adapters.)
+type RedriveSource interface {
+	Receive(ctx context.Context, buf []*ackwise.Message) (int, error)
+	Ack(ctx context.Context, msg *ackwise.Message) error
+	Release(ctx context.Context, msg *ackwise.Message) error
+}
+
+// RedriveSink is the part of adapters.Sink that Redrive uses; every
+// adapters.Sink satisfies it. Publish must return only once the broker
+// confirmed the message.
+type RedriveSink interface {
+	Publish(ctx context.Context, msgs ...*ackwise.Message) error
+}
+
+// Defaults of RedriveOptions and InspectOptions.
+const (
+	// DefaultRate is RedriveOptions.Rate when it is zero: 10 messages a
+	// second, slow enough for a consumer that has just been fixed.
+	DefaultRate = 10.0
+	// RateUnlimited as RedriveOptions.Rate turns the rate cap off.
+	RateUnlimited = -1.0
+	// DefaultIdleTimeout is how long Redrive and Inspect wait for the next
+	// message before they decide the dead-letter destination is drained.
+	DefaultIdleTimeout = 2 * time.Second
+	// DefaultMaxHeld bounds the messages a run holds unsettled (skipped,
+	// dry-run and inspected messages are released only when the run ends).
+	DefaultMaxHeld = 10000
+	// DefaultInspectMax is InspectOptions.Max when it is zero.
+	DefaultInspectMax = 20
+	// releaseTimeout bounds the releases at the end of a run, which run even
+	// when the run's context was cancelled.
+	releaseTimeout = 10 * time.Second
+	// maxBatch bounds one Receive: a batch is leased as a whole, so it is
+	// kept to about a second of work at the rate cap.
+	maxBatch = 64
+)
+
+// StopReason says why a run ended.
+type StopReason string
+
+// Stop reasons.
+const (
+	// StopIdle: no message arrived within IdleTimeout; the dead-letter
+	// destination is drained (as far as this consumer can see). The normal
+	// end.
+	StopIdle StopReason = "idle"
+	// StopMax: Max messages were moved (or, in a dry run, would have been),
+	// or Inspect received its Max.
+	StopMax StopReason = "max"
+	// StopHeldLimit: MaxHeld messages are held unsettled; the run stopped so
+	// as not to hold more. Run again with a narrower Filter or a larger
+	// MaxHeld.
+	StopHeldLimit StopReason = "held-limit"
+	// StopRepeat: the broker delivered again a message this run holds (its
+	// lease ran out) and no new message arrived since the run took it: the
+	// run has come round the whole destination. (A held message that comes
+	// back while new messages keep arriving is simply held again.)
+	StopRepeat StopReason = "repeat"
+	// StopError: a receive, publish or ack failed; the error is returned.
+	StopError StopReason = "error"
+	// StopCanceled: the context was cancelled or its deadline passed.
+	StopCanceled StopReason = "canceled"
+)
+
+// Action is what Redrive did with one received message.
+type Action string
+
+// Actions, as passed to RedriveOptions.OnMessage.
+const (
+	// ActionMoved: published to the target, confirmed, then acked at the
+	// dead-letter source.
+	ActionMoved Action = "moved"
+	// ActionWouldMove: a dry run found it matching; it is released.
+	ActionWouldMove Action = "would-move"
+	// ActionSkipped: Filter did not match; it is released.
+	ActionSkipped Action = "skipped"
+	// ActionNoEnvelope: it carries no decodable envelope (not a dead letter
+	// ackwise wrote, or one a broker moved on its own); it is released.
+	ActionNoEnvelope Action = "no-envelope"
+	// ActionFailed: its publish or its ack failed; it stays in the
+	// dead-letter destination and the run stops.
+	ActionFailed Action = "failed"
+)
+
+// RedriveOptions configure Redrive. The zero value is valid and means: move
+// every dead letter, at DefaultRate, until none arrives for
+// DefaultIdleTimeout.
+type RedriveOptions struct {
+	// Filter, when set, selects the dead letters to move; the others are
+	// skipped (held, then released when the run ends). It is called from
+	// Redrive's goroutine with the delivery (read-only) and its envelope. nil
+	// moves every dead letter.
+	Filter func(msg *ackwise.Message, env Envelope) bool
+	// Rate caps publishes to the target, in messages per second (a token
+	// bucket of one: publishes are spaced evenly, never bursty). Zero means
+	// DefaultRate (10/s); RateUnlimited (-1) turns the cap off. Other
+	// negative values and NaN are invalid.
+	Rate float64
+	// Max, when positive, stops the run after Max messages were moved (in a
+	// dry run: after Max would have been). Zero means no limit; negative is
+	// invalid.
+	Max int
+	// DryRun receives and decides but moves nothing: every message is held
+	// and released when the run ends, and RedriveResult.WouldMove counts the
+	// messages a real run would move.
+	DryRun bool
+	// IdleTimeout ends the run when no message arrives for that long: a
+	// drained dead-letter destination is the normal end of a run. Zero means
+	// DefaultIdleTimeout (2s); negative is invalid.
+	IdleTimeout time.Duration
+	// MaxHeld bounds the messages held unsettled until the run ends (skipped,
+	// without envelope, or everything in a dry run). They are held rather
+	// than released at once because a queue broker (SQS, RabbitMQ, the
+	// memory broker) hands a released message straight back, and the run
+	// would see it again and again. Reaching MaxHeld ends the run
+	// (StopHeldLimit). Zero means DefaultMaxHeld (10000); negative is
+	// invalid. A broker's own bound on unacknowledged deliveries (RabbitMQ's
+	// prefetch) also bounds it: when it is full, no more messages arrive and
+	// the run ends as idle.
+	MaxHeld int
+	// OnMessage, when set, is called from Redrive's goroutine after each
+	// decision, with the delivery, its envelope (zero for ActionNoEnvelope)
+	// and what was done. It must not keep msg.
+	OnMessage func(msg *ackwise.Message, env Envelope, action Action)
+	// Logger receives a debug line per decision and warnings for failed
+	// releases. nil discards.
+	Logger *slog.Logger
+}
+
+// Validate reports the first invalid field, naming it and its value.
+func (o RedriveOptions) Validate() error {
+	switch {
+	case math.IsNaN(o.Rate) || math.IsInf(o.Rate, 0):
+		return fmt.Errorf("dlq: RedriveOptions.Rate = %v: want messages per second (0 means %v/s, %v no cap)", o.Rate, DefaultRate, RateUnlimited)
+	case o.Rate < 0 && o.Rate != RateUnlimited:
+		return fmt.Errorf("dlq: RedriveOptions.Rate = %v: must not be negative (0 means %v/s, %v no cap)", o.Rate, DefaultRate, RateUnlimited)
+	case o.Max < 0:
+		return fmt.Errorf("dlq: RedriveOptions.Max = %d: must not be negative (0 means no limit)", o.Max)
+	case o.IdleTimeout < 0:
+		return fmt.Errorf("dlq: RedriveOptions.IdleTimeout = %v: must not be negative (0 means %v)", o.IdleTimeout, DefaultIdleTimeout)
+	case o.MaxHeld < 0:
+		return fmt.Errorf("dlq: RedriveOptions.MaxHeld = %d: must not be negative (0 means %d)", o.MaxHeld, DefaultMaxHeld)
+	}
+	return nil
+}
+
+// RedriveResult counts what a run did.
+type RedriveResult struct {
+	// Moved counts dead letters published to the target (confirmed) and then
+	// acked at the dead-letter source.
+	Moved int
+	// WouldMove counts, in a dry run, the dead letters a real run would move.
+	WouldMove int
+	// Skipped counts messages received and released without moving them:
+	// Filter did not match, or they carry no envelope (NoEnvelope of them).
+	// Dry-run matches are in WouldMove, not here.
+	Skipped int
+	// NoEnvelope counts the skipped messages without a decodable envelope.
+	NoEnvelope int
+	// Failed counts messages whose publish or ack failed (the run stops at
+	// the first, so it is 0 or 1). Such a message stays in the dead-letter
+	// destination; after a failed ack it is also in the target, and a later
+	// redrive publishes it again, which consumers deduplicating on the event
+	// ID absorb.
+	Failed int
+	// ReleaseFailed counts held messages whose release failed (typically
+	// because their lease ran out). Nothing is lost: the broker redelivers
+	// them once their lease ends.
+	ReleaseFailed int
+	// Stop says why the run ended.
+	Stop StopReason
+	// Elapsed is the run's duration.
+	Elapsed time.Duration
+}
+
+// Redrive moves dead letters from the dead-letter source from back to the
+// sink to, normally the queue or topic their consumer reads, once the cause
+// of their failure is fixed.
+//
+// For each message it receives it decodes the envelope (a message without
+// one is skipped), applies Filter, and publishes a copy to to: the payload
+// byte-identical, Key and event ID unchanged, the original headers kept, the
+// envelope headers removed (Strip), and the engine's hop headers
+// ackwise-attempt and ackwise-first-failure removed as well so that the
+// redriven message starts again at attempt 1 (else a message that ran out of
+// attempts would be dead-lettered again on its first failure). Only once the
+// publish is confirmed is the dead letter acked (move before ack, invariant
+// 3): a dead letter is never lost. A failed publish leaves the dead letter
+// where it was (released) and ends the run with the error; a failed ack after
+// a confirmed publish leaves the message in both places and ends the run with
+// the error.
+//
+// Redrive is safe only into consumers that deduplicate on the event ID (the
+// idempotency inbox): a crash or a failed ack between publish and ack, or a
+// redrive of a log without committing, publishes a message again, with the
+// same event ID.
+//
+// Messages not moved (skipped, without envelope, all of them in a dry run)
+// are held unsettled and released when the run ends, also when ctx is
+// cancelled (within a bounded time). On a log (Kafka) a released record's
+// offset is not committed, so a later run with the same consumer group reads
+// again from the first skipped record, including records moved after it;
+// their second publish is absorbed by the consumers' deduplication.
+//
+// A held message whose lease runs out (SQS's visibility timeout, the memory
+// broker's lease) is delivered again; Redrive then holds the new delivery in
+// place of the old one and does not count it again. Each batch is received
+// only when the rate cap is about to allow it, and holds about a second of
+// publishes; at a Rate below one a second, keep 1/Rate well below the
+// broker's lease, or a message's lease may run out before its publish (its
+// ack then fails and the run stops: a duplicate, never a loss).
+//
+// The run ends when no message arrives within IdleTimeout (the normal end),
+// when Max messages were moved, when MaxHeld messages are held, when a held
+// message comes back with no new message received since it was taken
+// (StopRepeat), on the first error, or when ctx is done (the result then
+// says StopCanceled and ctx's error is returned). Redrive uses from and to
+// from one goroutine; it does not close them.
+func Redrive(ctx context.Context, from RedriveSource, to RedriveSink, opts RedriveOptions) (RedriveResult, error) {
+	if err := opts.Validate(); err != nil {
+		return RedriveResult{}, err
+	}
+	if from == nil {
+		return RedriveResult{}, errors.New("dlq: Redrive: from is nil")
+	}
+	if to == nil && !opts.DryRun {
+		return RedriveResult{}, errors.New("dlq: Redrive: to is nil (allowed only with DryRun)")
+	}
+	r := &run{
+		from:    from,
+		idle:    opts.IdleTimeout,
+		maxHeld: opts.MaxHeld,
+		log:     opts.Logger,
+	}
+	r.defaults()
+	var lim *rate.Limiter
+	switch {
+	case opts.Rate == 0:
+		lim = rate.NewLimiter(rate.Limit(DefaultRate), 1)
+	case opts.Rate > 0:
+		lim = rate.NewLimiter(rate.Limit(opts.Rate), 1)
+	}
+	batch := maxBatch
+	if lim != nil && !opts.DryRun {
+		batch = min(maxBatch, max(1, int(math.Ceil(float64(lim.Limit())))))
+	}
+	start := time.Now()
+	res, err := r.redrive(ctx, to, lim, batch, opts)
+	res.Elapsed = time.Since(start)
+	return res, err
+}
+
+func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, batch int, opts RedriveOptions) (RedriveResult, error) {
+	var res RedriveResult
+	note := func(msg *ackwise.Message, env Envelope, a Action) {
+		r.log.Debug("dlq: redrive", slog.String("action", string(a)), slog.String("event_id", eventID(msg)), slog.String("broker_id", msg.BrokerID), slog.String("reason", string(env.Reason)))
+		if opts.OnMessage != nil {
+			opts.OnMessage(msg, env, a)
+		}
+	}
+	counted := func() int {
+		if opts.DryRun {
+			return res.WouldMove
+		}
+		return res.Moved
+	}
+	buf := make([]*ackwise.Message, batch)
+	for {
+		want := batch
+		if opts.Max > 0 {
+			if counted() >= opts.Max {
+				res.Stop = StopMax
+				break
+			}
+			want = min(want, opts.Max-counted())
+		}
+		room := r.maxHeld - len(r.pending)
+		if room <= 0 {
+			res.Stop = StopHeldLimit
+			break
+		}
+		want = min(want, room)
+		if lim != nil && !opts.DryRun {
+			// Receive only when the next publish may go, so that no message
+			// waits for the rate cap for long while its lease runs.
+			if err := tokenReady(ctx, lim); err != nil {
+				res.Stop = StopCanceled
+				res.ReleaseFailed = r.releaseAll(ctx)
+				return res, err
+			}
+		}
+		n, stop, err := r.receive(ctx, buf[:want])
+		if stop != "" {
+			res.Stop = stop
+			res.ReleaseFailed = r.releaseAll(ctx)
+			return res, err
+		}
+		for i, msg := range buf[:n] {
+			buf[i] = nil
+			if again, stop := r.redelivered(msg); stop {
+				res.Stop = StopRepeat
+				// Hold the rest of the batch too: they are this run's to release.
+				for _, m := range buf[i+1 : n] {
+					r.hold(m)
+				}
+				clear(buf[i+1 : n])
+				res.ReleaseFailed = r.releaseAll(ctx)
+				return res, nil
+			} else if again {
+				continue
+			}
+			env, derr := Decode(msg.Headers)
+			switch {
+			case derr != nil:
+				res.Skipped++
+				res.NoEnvelope++
+				r.hold(msg)
+				note(msg, Envelope{}, ActionNoEnvelope)
+				continue
+			case opts.Filter != nil && !opts.Filter(msg, env):
+				res.Skipped++
+				r.hold(msg)
+				note(msg, env, ActionSkipped)
+				continue
+			case opts.DryRun:
+				res.WouldMove++
+				r.hold(msg)
+				note(msg, env, ActionWouldMove)
+				continue
+			}
+			if err := r.move(ctx, to, lim, msg); err != nil {
+				for _, m := range buf[i+1 : n] {
+					r.hold(m)
+				}
+				clear(buf[i+1 : n])
+				res.Stop = StopError
+				if ctx.Err() != nil || errors.Is(err, errRateDeadline) {
+					res.Stop = StopCanceled
+				} else {
+					res.Failed++
+					note(msg, env, ActionFailed)
+				}
+				res.ReleaseFailed = r.releaseAll(ctx)
+				return res, err
+			}
+			res.Moved++
+			note(msg, env, ActionMoved)
+		}
+	}
+	res.ReleaseFailed = r.releaseAll(ctx)
+	return res, nil
+}
+
+// move publishes msg's redrive copy to to (after the rate cap lets it) and
+// acks msg once the publish is confirmed. On any failure msg is held, to be
+// released.
+func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, msg *ackwise.Message) error {
+	if lim != nil {
+		if err := lim.Wait(ctx); err != nil {
+			r.hold(msg)
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return ctxErr
+			}
+			// Wait also fails when ctx's deadline comes before the next token.
+			return fmt.Errorf("%w: %w", errRateDeadline, context.DeadlineExceeded)
+		}
+	}
+	if err := to.Publish(ctx, redriveCopy(msg)); err != nil {
+		r.hold(msg)
+		return fmt.Errorf("dlq: redrive of %s (event %q): publish failed, the dead letter stays in the dead-letter destination: %w", msg.BrokerID, eventID(msg), err)
+	}
+	// The copy is confirmed: ack even if ctx was cancelled meanwhile, so
+	// that an interrupted run does not leave a duplicate behind.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := r.from.Ack(actx, msg); err != nil {
+		r.hold(msg)
+		return fmt.Errorf("dlq: redrive of %s (event %q): published, but the ack of the dead letter failed; it stays in the dead-letter destination too, and a later redrive publishes it again (consumers deduplicate on the event ID): %w", msg.BrokerID, eventID(msg), err)
+	}
+	return nil
+}
+
+// tokenReady waits, without taking it, until lim has a token.
+func tokenReady(ctx context.Context, lim *rate.Limiter) error {
+	t := lim.Tokens()
+	if t >= 1 {
+		return nil
+	}
+	d := time.Duration((1 - t) / float64(lim.Limit()) * float64(time.Second))
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// errRateDeadline: ctx's deadline comes before the rate cap allows the next
+// publish.
+var errRateDeadline = errors.New("dlq: redrive stopped: the context's deadline comes before the rate cap allows the next publish")
+
+// redriveCopy is the message Redrive publishes for the dead letter msg.
+func redriveCopy(msg *ackwise.Message) *ackwise.Message {
+	h := Strip(msg.Headers)
+	delete(h, ackwise.HeaderAttempt)
+	delete(h, ackwise.HeaderFirstFailure)
+	if len(h) == 0 {
+		h = nil
+	}
+	return &ackwise.Message{ID: eventID(msg), Key: msg.Key, Payload: msg.Payload, Headers: h}
+}
+
+func eventID(msg *ackwise.Message) string {
+	if msg.ID != "" {
+		return msg.ID
+	}
+	return msg.Headers[ackwise.HeaderEventID]
+}
+
+// run is the receive-and-hold machinery Redrive and Inspect share.
+type run struct {
+	from    RedriveSource
+	idle    time.Duration
+	maxHeld int
+	log     *slog.Logger
+	pending []*ackwise.Message   // held deliveries, released when the run ends
+	held    map[string]heldEntry // by BrokerID, the pending deliveries that have one
+	seen    int                  // new (not redelivered) messages received
+}
+
+type heldEntry struct {
+	idx  int // in pending
+	seen int // run.seen when the message was (last) taken
+}
+
+func (r *run) defaults() {
+	if r.idle == 0 {
+		r.idle = DefaultIdleTimeout
+	}
+	if r.maxHeld == 0 {
+		r.maxHeld = DefaultMaxHeld
+	}
+	if r.log == nil {
+		r.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	r.held = map[string]heldEntry{}
+}
+
+// receive receives into buf, waiting at most the idle timeout. A non-empty
+// StopReason ends the run (with err for StopError and StopCanceled).
+func (r *run) receive(ctx context.Context, buf []*ackwise.Message) (int, StopReason, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, StopCanceled, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, r.idle)
+	defer cancel()
+	n, err := r.from.Receive(rctx, buf)
+	for err == nil && n == 0 && rctx.Err() == nil {
+		// A source should block until a message is there; one that returns
+		// empty-handed is asked again until the idle timeout.
+		n, err = r.from.Receive(rctx, buf)
+	}
+	if err == nil && n > 0 {
+		return n, "", nil
+	}
+	if err == nil {
+		return 0, StopIdle, nil
+	}
+	// Deliveries that came with an error are still this run's to release.
+	for i := range buf[:n] {
+		r.hold(buf[i])
+		buf[i] = nil
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return 0, StopCanceled, ctxErr
+	}
+	if rctx.Err() != nil {
+		// The idle timeout ran out, whichever way the source reported it.
+		return 0, StopIdle, nil
+	}
+	return 0, StopError, fmt.Errorf("dlq: receive: %w", err)
+}
+
+// redelivered reports whether msg is a new delivery of a message the run
+// holds (its lease ran out). If so, msg takes the old delivery's place among
+// the held ones (the old receipt is dead) and stop reports whether no new
+// message arrived since the run took it: the run has come round.
+func (r *run) redelivered(msg *ackwise.Message) (again, stop bool) {
+	e, ok := r.held[msg.BrokerID]
+	if msg.BrokerID == "" || !ok {
+		r.seen++
+		return false, false
+	}
+	stop = e.seen == r.seen
+	r.pending[e.idx] = msg
+	r.held[msg.BrokerID] = heldEntry{idx: e.idx, seen: r.seen}
+	return true, stop
+}
+
+func (r *run) hold(msg *ackwise.Message) {
+	if msg.BrokerID != "" {
+		if e, ok := r.held[msg.BrokerID]; ok {
+			r.pending[e.idx] = msg
+			return
+		}
+		r.held[msg.BrokerID] = heldEntry{idx: len(r.pending), seen: r.seen}
+	}
+	r.pending = append(r.pending, msg)
+}
+
+// releaseAll releases every held delivery, even when ctx was cancelled, and
+// returns how many releases failed.
+func (r *run) releaseAll(ctx context.Context) int {
+	if len(r.pending) == 0 {
+		return 0
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	failed := 0
+	for i, msg := range r.pending {
+		if err := r.from.Release(rctx, msg); err != nil {
+			failed++
+			r.log.Warn("dlq: release failed; the broker redelivers the message when its lease ends",
+				slog.String("broker_id", msg.BrokerID), slog.String("event_id", eventID(msg)), slog.Any("error", err))
+		}
+		r.pending[i] = nil
+	}
+	r.pending = r.pending[:0]
+	clear(r.held)
+	return failed
+}
+
+// InspectOptions configure Inspect. The zero value is valid.
+type InspectOptions struct {
+	// Max is how many messages to receive at most. Zero means
+	// DefaultInspectMax (20); negative is invalid. Every received message is
+	// held until Inspect returns, so Max also bounds what is held; a broker's
+	// own bound on unacknowledged deliveries (RabbitMQ's prefetch) may end
+	// the inspection earlier, as idle.
+	Max int
+	// IdleTimeout ends the inspection when no message arrives for that long.
+	// Zero means DefaultIdleTimeout (2s); negative is invalid.
+	IdleTimeout time.Duration
+	// Logger receives warnings for failed releases. nil discards.
+	Logger *slog.Logger
+}
+
+// Validate reports the first invalid field, naming it and its value.
+func (o InspectOptions) Validate() error {
+	switch {
+	case o.Max < 0:
+		return fmt.Errorf("dlq: InspectOptions.Max = %d: must not be negative (0 means %d)", o.Max, DefaultInspectMax)
+	case o.IdleTimeout < 0:
+		return fmt.Errorf("dlq: InspectOptions.IdleTimeout = %v: must not be negative (0 means %v)", o.IdleTimeout, DefaultIdleTimeout)
+	}
+	return nil
+}
+
+// Letter is one message Inspect saw: a copy of the delivery (Handle nil, so
+// it cannot be settled) and its envelope.
+type Letter struct {
+	// Message is a copy of the delivery; it may be kept and changed.
+	Message *ackwise.Message
+	// Envelope is the decoded envelope; zero when Err is set.
+	Envelope Envelope
+	// Err is set when the message carries no decodable envelope.
+	Err error
+}
+
+// InspectResult is what Inspect saw.
+type InspectResult struct {
+	// Letters are the messages received, in the order received.
+	Letters []Letter
+	// ReleaseFailed counts releases that failed (see
+	// RedriveResult.ReleaseFailed); nothing is lost.
+	ReleaseFailed int
+	// Stop says why the inspection ended: StopIdle, StopMax, StopRepeat,
+	// StopError or StopCanceled.
+	Stop StopReason
+}
+
+// Inspect receives up to Max messages from from, decodes their envelopes and
+// releases every one of them before it returns: inspecting never consumes
+// a dead letter (on a log, nothing is committed). The release happens even
+// when ctx is cancelled. Inspect returns what it saw until an error together
+// with the error.
+func Inspect(ctx context.Context, from RedriveSource, opts InspectOptions) (InspectResult, error) {
+	if err := opts.Validate(); err != nil {
+		return InspectResult{}, err
+	}
+	if from == nil {
+		return InspectResult{}, errors.New("dlq: Inspect: from is nil")
+	}
+	if opts.Max == 0 {
+		opts.Max = DefaultInspectMax
+	}
+	r := &run{from: from, idle: opts.IdleTimeout, maxHeld: opts.Max, log: opts.Logger}
+	r.defaults()
+	var res InspectResult
+	buf := make([]*ackwise.Message, min(opts.Max, maxBatch))
+	for {
+		want := min(len(buf), opts.Max-len(res.Letters))
+		if want <= 0 {
+			res.Stop = StopMax
+			break
+		}
+		n, stop, err := r.receive(ctx, buf[:want])
+		if stop != "" {
+			res.Stop = stop
+			res.ReleaseFailed = r.releaseAll(ctx)
+			return res, err
+		}
+		for i, msg := range buf[:n] {
+			buf[i] = nil
+			if again, stop := r.redelivered(msg); stop {
+				res.Stop = StopRepeat
+				for _, m := range buf[i+1 : n] {
+					r.hold(m)
+				}
+				clear(buf[i+1 : n])
+				res.ReleaseFailed = r.releaseAll(ctx)
+				return res, nil
+			} else if again {
+				continue // seen already
+			}
+			r.hold(msg)
+			env, derr := Decode(msg.Headers)
+			if derr != nil {
+				env = Envelope{}
+			}
+			res.Letters = append(res.Letters, Letter{Message: copyMessage(msg), Envelope: env, Err: derr})
+		}
+	}
+	res.ReleaseFailed = r.releaseAll(ctx)
+	return res, nil
+}
+
+// copyMessage copies the fields of a delivery that outlive it: a broker may
+// reuse the delivery once it is settled.
+func copyMessage(m *ackwise.Message) *ackwise.Message {
+	c := *m
+	c.Handle = nil
+	c.Headers = m.Headers.Clone()
+	if m.Payload != nil {
+		c.Payload = append([]byte(nil), m.Payload...)
+	}
+	return &c
+}
