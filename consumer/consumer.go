@@ -50,6 +50,7 @@ type Consumer struct {
 	waiting   map[*ackwise.Message]ackwise.Timer // in-place retries
 	leases    map[*ackwise.Message]time.Time     // when the lease was last set
 	breaker   *breakerState
+	settleCtx context.Context // set by Run before its goroutines start
 }
 
 // laneKey names the messages that must run one at a time.
@@ -165,7 +166,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return ErrRunning
 	}
 
-	handlerCtx, cancelHandlers := context.WithCancel(context.WithoutCancel(ctx))
+	// Settle calls carry the Run context's values but are never cancelled:
+	// a finished handler's ack must still reach the broker during a drain.
+	c.settleCtx = context.WithoutCancel(ctx)
+	handlerCtx, cancelHandlers := context.WithCancel(c.settleCtx)
 	defer cancelHandlers()
 	c.mu.Lock()
 	c.stopping.Store(false)
@@ -440,7 +444,7 @@ func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
 		if c.breaker != nil {
 			c.breakerSuccess()
 		}
-		c.settle(msg, Acked, elapsed, c.src.Ack(context.WithoutCancel(ctx), msg))
+		c.settle(msg, Acked, elapsed, c.src.Ack(c.settleCtx, msg))
 		return false
 	}
 	if ctx.Err() != nil {
@@ -463,7 +467,7 @@ func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
 
 // fail settles a failed message according to its class.
 func (c *Consumer) fail(ctx context.Context, msg *ackwise.Message, err error, cl ackwise.Classification, elapsed time.Duration) bool {
-	sctx := context.WithoutCancel(ctx)
+	sctx := c.settleCtx
 	now := c.clock.Now()
 	if msg.FirstFailure.IsZero() {
 		msg.FirstFailure = now
@@ -661,7 +665,7 @@ func (c *Consumer) heartbeatLoop(ctx context.Context, quit <-chan struct{}) {
 		}
 		c.mu.Unlock()
 		for _, m := range due {
-			if err := c.src.ExtendLease(context.WithoutCancel(ctx), m, c.caps.Lease); err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) {
+			if err := c.src.ExtendLease(c.settleCtx, m, c.caps.Lease); err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) {
 				c.log.Warn("lease extension failed", slog.String("event_id", adapters.EventID(m)), slog.Any("error", err))
 			}
 		}
