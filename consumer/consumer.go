@@ -330,12 +330,15 @@ func (c *Consumer) laneOf(msg *ackwise.Message) (laneKey, bool) {
 }
 
 // dispatch queues received messages behind their key or hands them to the
-// workers.
+// workers. It reorders msgs, which the receive loop owns: the messages ready
+// to run are moved to its front and sent after the lock is released, so
+// workers finishing other messages do not wait for the sends.
 func (c *Consumer) dispatch(msgs []*ackwise.Message) {
 	now := time.Time{}
 	if c.heartbeat {
 		now = c.clock.Now()
 	}
+	ready := 0
 	c.mu.Lock()
 	c.inflight += len(msgs)
 	for _, m := range msgs {
@@ -345,19 +348,22 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message) {
 		if c.heartbeat {
 			c.leases[m] = now
 		}
-		k, ordered := c.laneOf(m)
-		if !ordered {
-			c.work <- m
-			continue
+		if k, ordered := c.laneOf(m); ordered {
+			if l, busy := c.lanes[k]; busy {
+				l.queue = append(l.queue, m)
+				continue
+			}
+			c.lanes[k] = c.newLane()
 		}
-		if l, busy := c.lanes[k]; busy {
-			l.queue = append(l.queue, m)
-			continue
-		}
-		c.lanes[k] = c.newLane()
-		c.work <- m
+		msgs[ready] = m
+		ready++
 	}
 	c.mu.Unlock()
+	// The work queue holds only in-flight messages and has room for
+	// MaxInFlight: these sends never block.
+	for _, m := range msgs[:ready] {
+		c.work <- m
+	}
 }
 
 func (c *Consumer) newLane() *lane {
