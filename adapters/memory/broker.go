@@ -242,25 +242,10 @@ func (b *Broker) queue(name string, cfg *QueueConfig) (*queue, error) {
 			return nil, fmt.Errorf("memory: QueueConfig.DeadLetter = %q: a queue cannot be its own dead-letter queue", name)
 		}
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if d, ok := b.dests[name]; ok {
-		q, ok := d.(*queue)
-		if !ok {
-			return nil, fmt.Errorf("%w: %q is a %s, not a queue", ErrConflict, name, d.kind())
-		}
-		if cfg != nil && q.cfg != want {
-			return nil, fmt.Errorf("%w: queue %q has %+v, asked for %+v", ErrConflict, name, q.cfg, want)
-		}
-		return q, nil
-	}
-	if cfg == nil {
-		want = b.qdef.withDefaults(name)
-	}
-	q := newQueue(b, name, want)
-	b.dests[name] = q
-	b.notifyCreatedLocked()
-	return q, nil
+	return lookupOrCreate(b, name, "queue", cfg != nil, want,
+		func(q *queue) QueueConfig { return q.cfg },
+		func() QueueConfig { return b.qdef.withDefaults(name) },
+		func(c QueueConfig) *queue { return newQueue(b, name, c) })
 }
 
 func (b *Broker) topic(name string, cfg *TopicConfig) (*topic, error) {
@@ -277,25 +262,37 @@ func (b *Broker) topic(name string, cfg *TopicConfig) (*topic, error) {
 			return nil, fmt.Errorf("memory: TopicConfig.DeadLetter = %q: a topic cannot be its own dead-letter destination", name)
 		}
 	}
+	return lookupOrCreate(b, name, "topic", cfg != nil, want,
+		func(t *topic) TopicConfig { return t.cfg },
+		func() TopicConfig { return b.tdef.withDefaults(name) },
+		func(c TopicConfig) *topic { return newTopic(b, name, c) })
+}
+
+// lookupOrCreate returns the destination name, which must be a D (kind
+// names it in errors). When it exists and check is set, its configuration
+// (cfgOf) must be want. When it does not exist it is created by create,
+// with want when check is set and with def() otherwise.
+func lookupOrCreate[D destination, C comparable](b *Broker, name, kind string, check bool, want C, cfgOf func(D) C, def func() C, create func(C) D) (D, error) {
+	var none D
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if d, ok := b.dests[name]; ok {
-		t, ok := d.(*topic)
+		x, ok := d.(D)
 		if !ok {
-			return nil, fmt.Errorf("%w: %q is a %s, not a topic", ErrConflict, name, d.kind())
+			return none, fmt.Errorf("%w: %q is a %s, not a %s", ErrConflict, name, d.kind(), kind)
 		}
-		if cfg != nil && t.cfg != want {
-			return nil, fmt.Errorf("%w: topic %q has %+v, asked for %+v", ErrConflict, name, t.cfg, want)
+		if check && cfgOf(x) != want {
+			return none, fmt.Errorf("%w: %s %q has %+v, asked for %+v", ErrConflict, kind, name, cfgOf(x), want)
 		}
-		return t, nil
+		return x, nil
 	}
-	if cfg == nil {
-		want = b.tdef.withDefaults(name)
+	if !check {
+		want = def()
 	}
-	t := newTopic(b, name, want)
-	b.dests[name] = t
+	x := create(want)
+	b.dests[name] = x
 	b.notifyCreatedLocked()
-	return t, nil
+	return x, nil
 }
 
 func (b *Broker) notifyCreatedLocked() {
@@ -312,10 +309,17 @@ func (b *Broker) Delete(name string) {
 	delete(b.dests, name)
 	b.mu.Unlock()
 	if d != nil {
-		d.base().mu.Lock()
-		d.base().deleted = true
+		base := d.base()
+		base.mu.Lock()
+		base.deleted = true
 		d.wakeLocked()
-		d.base().mu.Unlock()
+		// WaitHistory callers waiting on this destination look the name up
+		// again: a destination created under it later gets the events.
+		for _, ch := range base.histWaiters {
+			close(ch)
+		}
+		base.histWaiters = nil
+		base.mu.Unlock()
 		if c, ok := d.(interface{ closeAll() }); ok {
 			c.closeAll()
 		}
@@ -383,9 +387,7 @@ func (b *Broker) InjectFault(name string, f Fault) (*InjectedFault, error) {
 		return nil, err
 	}
 	base := d.base()
-	base.mu.Lock()
-	defer base.mu.Unlock()
-	return newFault(f, &base.mu, &base.faults), nil
+	return inject(f, false, &base.mu, &base.faults)
 }
 
 // History returns a copy of the events recorded on the queue or topic name,
@@ -409,7 +411,9 @@ func (b *Broker) History(name string) ([]Event, error) {
 // lock held, after each new event: it must be quick, must not keep the slice
 // and must not call the broker. WaitHistory is woken by each new event, it
 // does not poll. The destination need not exist yet when WaitHistory is
-// called.
+// called; when it is deleted, WaitHistory goes on with the history of the
+// destination created under the name next (cond then sees that new, shorter
+// history).
 func (b *Broker) WaitHistory(ctx context.Context, name string, cond func(events []Event) bool) error {
 	if !b.history {
 		return errors.New("memory: history is disabled (Config.DisableHistory)")
@@ -429,6 +433,11 @@ func (b *Broker) WaitHistory(ctx context.Context, name string, cond func(events 
 		}
 		base := d.base()
 		base.mu.Lock()
+		if base.deleted {
+			// Deleted since the lookup: look the name up again.
+			base.mu.Unlock()
+			continue
+		}
 		if cond(base.history) {
 			base.mu.Unlock()
 			return nil

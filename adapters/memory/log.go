@@ -113,7 +113,7 @@ type topic struct {
 	groups map[string]*group
 	rr     uint64
 
-	waiters []*GroupSource
+	waiters []*source
 
 	published, acked, deadLettered int64
 }
@@ -174,17 +174,7 @@ func (t *topic) storeLocked(m *ackwise.Message, now time.Time) {
 	}
 }
 
-func (t *topic) wakeLocked() {
-	for _, s := range t.waiters {
-		s.waiting = false
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
-	}
-	clear(t.waiters)
-	t.waiters = t.waiters[:0]
-}
+func (t *topic) wakeLocked() { wakeWaiters(&t.waiters) }
 
 func (t *topic) messages() []*ackwise.Message {
 	t.mu.Lock()
@@ -312,6 +302,12 @@ func (t *topic) advanceCommitLocked(g *group, gp *groupPart, now time.Time) {
 		gp.settled.pop()
 		gp.committed++
 	}
+	t.commitMovedLocked(g, gp, old, now)
+}
+
+// commitMovedLocked forgets the redelivery counts below gp's committed
+// offset, which moved up from old, and records the commit.
+func (t *topic) commitMovedLocked(g *group, gp *groupPart, old int64, now time.Time) {
 	if gp.committed == old {
 		return
 	}
@@ -352,22 +348,17 @@ type logDelivery struct {
 // concurrently. Capabilities: Log and Ordered. Nack is not supported (the
 // engine retries in place); ExtendLease does nothing.
 type GroupSource struct {
-	t    *topic
-	g    *group
-	id   string
-	wake chan struct{}
+	source
+	t *topic
+	g *group
 
 	// Guarded by t.mu.
-	waiting bool
-	owned   []*groupPart
-	next    int
-	faults  []*InjectedFault
-	dups    []*logDelivery
-	left    bool
-	dels    slab[logDelivery]
-
-	closed  atomic.Bool
-	crashed atomic.Bool
+	owned  []*groupPart
+	next   int
+	faults []*InjectedFault
+	dups   []*logDelivery
+	left   bool
+	dels   slab[logDelivery]
 }
 
 var _ adapters.Source = (*GroupSource)(nil)
@@ -392,7 +383,8 @@ func (b *Broker) JoinGroup(topicName, groupName string) (*GroupSource, error) {
 		return nil, fmt.Errorf("%w: %q was deleted", ErrNotFound, topicName)
 	}
 	g := t.groupLocked(groupName)
-	s := &GroupSource{t: t, g: g, id: b.newSourceID(topicName + "/" + groupName), wake: make(chan struct{}, 1)}
+	s := &GroupSource{t: t, g: g}
+	s.init(b.newSourceID(topicName + "/" + groupName))
 	g.members = append(g.members, s)
 	t.rebalanceLocked(g, now)
 	return s, nil
@@ -486,12 +478,7 @@ func (s *GroupSource) Assigned() []int32 {
 
 // InjectFault puts a settle or receive fault in force on this member only.
 func (s *GroupSource) InjectFault(f Fault) (*InjectedFault, error) {
-	if err := f.validate(true); err != nil {
-		return nil, err
-	}
-	s.t.mu.Lock()
-	defer s.t.mu.Unlock()
-	return newFault(f, &s.t.mu, &s.faults), nil
+	return inject(f, true, &s.t.mu, &s.faults)
 }
 
 // Crash makes the member fail as a consumer killed with SIGKILL would: every
@@ -529,37 +516,10 @@ func (s *GroupSource) leaveLocked(now time.Time) {
 	}
 	s.owned = nil
 	s.t.rebalanceLocked(g, now)
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.signal()
 }
 
-func (s *GroupSource) unwaitLocked() {
-	if !s.waiting {
-		return
-	}
-	s.waiting = false
-	w := s.t.waiters
-	for i, x := range w {
-		if x == s {
-			copy(w[i:], w[i+1:])
-			w[len(w)-1] = nil
-			s.t.waiters = w[:len(w)-1]
-			return
-		}
-	}
-}
-
-func (s *GroupSource) stateErr() error {
-	if s.crashed.Load() {
-		return fmt.Errorf("memory: source %s: %w", s.id, ErrCrashed)
-	}
-	if s.closed.Load() {
-		return adapters.ErrClosed
-	}
-	return nil
-}
+func (s *GroupSource) unwaitLocked() { s.unwait(&s.t.waiters) }
 
 // Receive blocks until a partition the member owns has a record it has not
 // delivered (or one it released), then fills buf with up to len(buf)
@@ -614,10 +574,7 @@ func (s *GroupSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			t.mu.Unlock()
 			return n, nil
 		}
-		if !s.waiting {
-			s.waiting = true
-			t.waiters = append(t.waiters, s)
-		}
+		s.waitOn(&t.waiters)
 		t.mu.Unlock()
 		select {
 		case <-s.wake:
@@ -652,7 +609,9 @@ func (s *GroupSource) fetchLocked(gp *groupPart, buf []*ackwise.Message, n int, 
 	if gp.cursor < p.start {
 		// Retention dropped records the group had not read: skip them.
 		if gp.settled.len() == 0 {
+			old := gp.committed
 			gp.committed, gp.cursor = p.start, p.start
+			s.t.commitMovedLocked(s.g, gp, old, now)
 		}
 		for gp.cursor < p.start {
 			gp.settled.push(true)
@@ -737,9 +696,12 @@ func (s *GroupSource) handle(msg *ackwise.Message) (*logDelivery, error) {
 	return d, nil
 }
 
-// begin does the checks every settle call shares and returns with t.mu held
-// when err is nil.
-func (s *GroupSource) begin(ctx context.Context, msg *ackwise.Message) (d *logDelivery, now time.Time, err error) {
+// begin does what every settle call starts with, as QueueSource.begin
+// does: the delivery, ctx, the source's state, an outage, the settle faults
+// of kinds, and the partition still being the member's under the same
+// epoch. When the call goes on it returns d with t.mu held; a nil d means
+// the call is over, with err as its result (nil for a lost ack).
+func (s *GroupSource) begin(ctx context.Context, msg *ackwise.Message, kinds ...FaultKind) (d *logDelivery, now time.Time, err error) {
 	if d, err = s.handle(msg); err != nil {
 		return nil, now, err
 	}
@@ -762,6 +724,15 @@ func (s *GroupSource) begin(ctx context.Context, msg *ackwise.Message) (d *logDe
 		s.t.mu.Unlock()
 		return nil, now, err
 	}
+	if len(kinds) > 0 {
+		if done, err := s.settleFaultLocked(msg, now, kinds...); done {
+			return nil, now, err
+		}
+	}
+	if !d.currentLocked() {
+		s.t.mu.Unlock()
+		return nil, now, s.invalid(d)
+	}
 	return d, now, nil
 }
 
@@ -782,20 +753,11 @@ func (s *GroupSource) settleFaultLocked(msg *ackwise.Message, now time.Time, kin
 	if x == nil {
 		return false, nil
 	}
-	switch x.f.Kind {
-	case FaultCrashBeforeAck, FaultCrashBeforeSettle:
-		s.crashLocked(now, x.f.Kind)
-		t.mu.Unlock()
-		return true, fmt.Errorf("memory: source %s crashed before settling %s: %w", s.id, msg.BrokerID, ErrCrashed)
-	case FaultLoseAck:
-		s.recordFault(x, msg, now)
-		t.mu.Unlock()
-		return true, nil
-	default:
-		s.recordFault(x, msg, now)
-		t.mu.Unlock()
-		return true, fmt.Errorf("memory: ack of %s: %w", msg.BrokerID, x.err())
-	}
+	err = s.settleFault(x, msg,
+		func(k FaultKind) { s.crashLocked(now, k) },
+		func() { s.recordFault(x, msg, now) })
+	t.mu.Unlock()
+	return true, err
 }
 
 // settleLocked marks d's record settled and commits the settled prefix. It
@@ -816,18 +778,11 @@ func (s *GroupSource) settleLocked(d *logDelivery, now time.Time) bool {
 // duplicate delivery) is a no-op. It fails with adapters.ErrReceiptInvalid
 // when the partition was revoked or reset since the delivery.
 func (s *GroupSource) Ack(ctx context.Context, msg *ackwise.Message) error {
-	d, now, err := s.begin(ctx, msg)
-	if err != nil {
+	d, now, err := s.begin(ctx, msg, FaultCrashBeforeAck, FaultCrashBeforeSettle, FaultLoseAck, FaultFailAck)
+	if d == nil {
 		return err
 	}
 	t := s.t
-	if done, err := s.settleFaultLocked(msg, now, FaultCrashBeforeAck, FaultCrashBeforeSettle, FaultLoseAck, FaultFailAck); done {
-		return err
-	}
-	if !d.currentLocked() {
-		t.mu.Unlock()
-		return s.invalid(d)
-	}
 	if t.b.history {
 		t.record(Event{Kind: EventAcked, Consumer: s.id, Group: s.g.name, ID: d.ID, Key: d.Key, BrokerID: d.BrokerID, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt}, now)
 	}
@@ -851,18 +806,11 @@ func (s *GroupSource) Nack(ctx context.Context, msg *ackwise.Message, delay time
 // topic's dead-letter destination (payload and headers otherwise
 // unchanged), then marks the record settled (move before ack).
 func (s *GroupSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
-	d, now, err := s.begin(ctx, msg)
-	if err != nil {
+	d, now, err := s.begin(ctx, msg, FaultCrashBeforeSettle)
+	if d == nil {
 		return err
 	}
 	t := s.t
-	if done, err := s.settleFaultLocked(msg, now, FaultCrashBeforeSettle); done {
-		return err
-	}
-	if !d.currentLocked() {
-		t.mu.Unlock()
-		return s.invalid(d)
-	}
 	t.mu.Unlock()
 
 	if err := t.b.deadLetterTo(ctx, t.cfg.DeadLetter, msg, env); err != nil {
@@ -890,14 +838,11 @@ func (s *GroupSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 // partition.
 func (s *GroupSource) Release(ctx context.Context, msg *ackwise.Message) error {
 	d, now, err := s.begin(ctx, msg)
-	if err != nil {
+	if d == nil {
 		return err
 	}
 	t := s.t
 	defer t.mu.Unlock()
-	if !d.currentLocked() {
-		return s.invalid(d)
-	}
 	gp := d.gp
 	idx := d.Offset - gp.committed
 	if idx < 0 || gp.settled.at(int(idx)) {

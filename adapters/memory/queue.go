@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -112,7 +113,7 @@ type queue struct {
 	dels slab[delivery]
 	seq  uint64
 
-	waiters []*QueueSource
+	waiters []*source
 	sources map[*QueueSource]struct{}
 
 	timer    ackwise.Timer
@@ -195,17 +196,7 @@ func (q *queue) storeLocked(m *ackwise.Message, now time.Time) {
 }
 
 // wakeLocked wakes every blocked receiver. Caller holds q.mu.
-func (q *queue) wakeLocked() {
-	for _, s := range q.waiters {
-		s.waiting = false
-		select {
-		case s.wake <- struct{}{}:
-		default:
-		}
-	}
-	clear(q.waiters)
-	q.waiters = q.waiters[:0]
-}
+func (q *queue) wakeLocked() { wakeWaiters(&q.waiters) }
 
 // takeLocked returns the next visible record, or nil.
 func (q *queue) takeLocked() *record {
@@ -320,6 +311,28 @@ func (q *queue) armLocked(now time.Time) {
 		q.wakeLocked()
 		q.mu.Unlock()
 	})
+}
+
+// deadline returns now+d in unix nanos, saturated at the largest time a
+// unix-nano int64 holds rather than overflowing into the past (a huge Lease
+// or delay must not make a message visible at once).
+func deadline(now int64, d time.Duration) int64 {
+	if d > 0 && now > math.MaxInt64-int64(d) {
+		return math.MaxInt64
+	}
+	return now + int64(d)
+}
+
+// wakeUnlockRedrive wakes the blocked receivers, unlocks q.mu and moves
+// the records that used up MaxReceives to the dead-letter queue. Caller
+// holds q.mu.
+func (q *queue) wakeUnlockRedrive() {
+	q.wakeLocked()
+	rd := q.takeRedriveLocked()
+	q.mu.Unlock()
+	if rd != nil {
+		q.redriveOut(rd)
+	}
 }
 
 // takeRedriveLocked hands the records marked for the dead-letter queue to
@@ -463,17 +476,12 @@ type delivery struct {
 // Lease (the queue's visibility timeout), ExtendLease, DeliveryCount
 // (Attempt is the broker's receive count) and, on a FIFO queue, Ordered.
 type QueueSource struct {
-	q    *queue
-	id   string
-	wake chan struct{}
+	source
+	q *queue
 
 	// Guarded by q.mu.
-	waiting bool
-	faults  []*InjectedFault
-	dups    []*delivery
-
-	closed  atomic.Bool
-	crashed atomic.Bool
+	faults []*InjectedFault
+	dups   []*delivery
 }
 
 var _ adapters.Source = (*QueueSource)(nil)
@@ -485,7 +493,8 @@ func (b *Broker) QueueSource(name string) (*QueueSource, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &QueueSource{q: q, id: b.newSourceID(name), wake: make(chan struct{}, 1)}
+	s := &QueueSource{q: q}
+	s.init(b.newSourceID(name))
 	q.mu.Lock()
 	q.sources[s] = struct{}{}
 	q.mu.Unlock()
@@ -497,12 +506,7 @@ func (s *QueueSource) ID() string { return s.id }
 
 // InjectFault puts a settle or receive fault in force on this source only.
 func (s *QueueSource) InjectFault(f Fault) (*InjectedFault, error) {
-	if err := f.validate(true); err != nil {
-		return nil, err
-	}
-	s.q.mu.Lock()
-	defer s.q.mu.Unlock()
-	return newFault(f, &s.q.mu, &s.faults), nil
+	return inject(f, true, &s.q.mu, &s.faults)
 }
 
 // Crash makes the source fail as a consumer killed with SIGKILL would: every
@@ -521,21 +525,7 @@ func (s *QueueSource) crashLocked(now time.Time, k FaultKind) {
 	}
 	s.q.record(Event{Kind: EventCrashed, Consumer: s.id, Partition: -1, Offset: -1, Fault: k}, now)
 	s.q.b.log.Debug("memory: source crashed", "source", s.id, "fault", k.String())
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
-}
-
-// stateErr returns the error of a closed or crashed source.
-func (s *QueueSource) stateErr() error {
-	if s.crashed.Load() {
-		return fmt.Errorf("memory: source %s: %w", s.id, ErrCrashed)
-	}
-	if s.closed.Load() {
-		return adapters.ErrClosed
-	}
-	return nil
+	s.signal()
 }
 
 // Receive blocks until at least one message is visible, then fills buf with
@@ -566,6 +556,12 @@ func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		if q.deleted {
 			q.mu.Unlock()
 			return 0, adapters.ErrClosed
+		}
+		// Close or Crash may have run since the check above: a closed or
+		// crashed source must not lease messages it will never settle.
+		if err := s.stateErr(); err != nil {
+			q.mu.Unlock()
+			return 0, err
 		}
 		q.advanceLocked(now)
 		n := 0
@@ -621,10 +617,7 @@ func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			continue
 		}
 		q.armLocked(nowT)
-		if !s.waiting {
-			s.waiting = true
-			q.waiters = append(q.waiters, s)
-		}
+		s.waitOn(&q.waiters)
 		q.mu.Unlock()
 		select {
 		case <-s.wake:
@@ -637,21 +630,7 @@ func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 	}
 }
 
-func (s *QueueSource) unwaitLocked() {
-	if !s.waiting {
-		return
-	}
-	s.waiting = false
-	w := s.q.waiters
-	for i, x := range w {
-		if x == s {
-			copy(w[i:], w[i+1:])
-			w[len(w)-1] = nil
-			s.q.waiters = w[:len(w)-1]
-			return
-		}
-	}
-}
+func (s *QueueSource) unwaitLocked() { s.unwait(&s.q.waiters) }
 
 // fireBatch fires the first reorder fault matching a message of batch.
 func fireBatch(batch []*ackwise.Message, lists [2][]*InjectedFault) *InjectedFault {
@@ -689,7 +668,7 @@ func (q *queue) deliverLocked(rec *record, s *QueueSource, now int64) *delivery 
 	rec.receives++
 	rec.state = stInFlight
 	gen := rec.gen.Add(1)
-	rec.leaseUntil.Store(now + int64(q.cfg.Lease))
+	rec.leaseUntil.Store(deadline(now, q.cfg.Lease))
 	q.inflight.push(rec)
 	var d *delivery
 	if rec.receives == 1 {
@@ -731,16 +710,20 @@ func (s *QueueSource) handle(msg *ackwise.Message) (*delivery, error) {
 	return d, nil
 }
 
-// begin does the checks every settle call shares and returns with q.mu held
-// when err is nil.
-func (s *QueueSource) begin(ctx context.Context, msg *ackwise.Message) (d *delivery, now time.Time, err error) {
-	return s.beginAt(ctx, msg, false)
+// begin does what every settle call starts with: it checks that msg is
+// this source's delivery, ctx is live, the source is neither closed nor
+// crashed and the broker available, applies the settle faults of kinds,
+// and checks that msg is still its message's live delivery. When the call
+// goes on it returns d with q.mu held; a nil d means the call is over, with
+// err as its result (nil for a lost ack).
+func (s *QueueSource) begin(ctx context.Context, msg *ackwise.Message, kinds ...FaultKind) (d *delivery, now time.Time, err error) {
+	return s.beginAt(ctx, msg, false, kinds...)
 }
 
 // beginAt is begin; with seen, on the system clock, without history and
 // outages, it takes the time from the last Receive's reading instead of
 // reading the clock (Ack's fast path; see Ack).
-func (s *QueueSource) beginAt(ctx context.Context, msg *ackwise.Message, seen bool) (d *delivery, now time.Time, err error) {
+func (s *QueueSource) beginAt(ctx context.Context, msg *ackwise.Message, seen bool, kinds ...FaultKind) (d *delivery, now time.Time, err error) {
 	if d, err = s.handle(msg); err != nil {
 		return nil, now, err
 	}
@@ -763,6 +746,15 @@ func (s *QueueSource) beginAt(ctx context.Context, msg *ackwise.Message, seen bo
 	if err = s.stateErr(); err != nil {
 		s.q.mu.Unlock()
 		return nil, now, err
+	}
+	if len(kinds) > 0 {
+		if done, err := s.settleFaultLocked(msg, now, kinds...); done {
+			return nil, now, err
+		}
+	}
+	if !d.currentLocked(now) {
+		s.q.mu.Unlock()
+		return nil, now, s.invalid(d)
 	}
 	return d, now, nil
 }
@@ -789,20 +781,11 @@ func (s *QueueSource) settleFaultLocked(msg *ackwise.Message, now time.Time, kin
 	if x == nil {
 		return false, nil
 	}
-	switch x.f.Kind {
-	case FaultCrashBeforeAck, FaultCrashBeforeSettle:
-		s.crashLocked(now, x.f.Kind)
-		q.mu.Unlock()
-		return true, fmt.Errorf("memory: source %s crashed before settling %s: %w", s.id, msg.BrokerID, ErrCrashed)
-	case FaultLoseAck:
-		q.recordFault(x, msg, s, now)
-		q.mu.Unlock()
-		return true, nil
-	default: // FaultFailAck
-		q.recordFault(x, msg, s, now)
-		q.mu.Unlock()
-		return true, fmt.Errorf("memory: ack of %s: %w", msg.BrokerID, x.err())
-	}
+	err = s.settleFault(x, msg,
+		func(k FaultKind) { s.crashLocked(now, k) },
+		func() { q.recordFault(x, msg, s, now) })
+	q.mu.Unlock()
+	return true, err
 }
 
 // Ack deletes msg from the queue. It fails with adapters.ErrReceiptInvalid
@@ -817,18 +800,11 @@ func (s *QueueSource) settleFaultLocked(msg *ackwise.Message, now time.Time, kin
 // again is never acked through its old delivery. Everywhere else Ack is
 // exact.
 func (s *QueueSource) Ack(ctx context.Context, msg *ackwise.Message) error {
-	d, now, err := s.beginAt(ctx, msg, true)
-	if err != nil {
+	d, now, err := s.beginAt(ctx, msg, true, FaultCrashBeforeAck, FaultCrashBeforeSettle, FaultLoseAck, FaultFailAck)
+	if d == nil {
 		return err
 	}
 	q := s.q
-	if done, err := s.settleFaultLocked(msg, now, FaultCrashBeforeAck, FaultCrashBeforeSettle, FaultLoseAck, FaultFailAck); done {
-		return err
-	}
-	if !d.currentLocked(now) {
-		q.mu.Unlock()
-		return s.invalid(d)
-	}
 	rec := d.rec
 	if q.b.history {
 		q.record(Event{Kind: EventAcked, Consumer: s.id, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt}, now)
@@ -847,18 +823,11 @@ func (s *QueueSource) Ack(ctx context.Context, msg *ackwise.Message) error {
 // the broker when MaxReceives is used up. Nothing is copied: the message
 // stays where it is, invisible, as with SQS ChangeMessageVisibility.
 func (s *QueueSource) Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error {
-	d, now, err := s.begin(ctx, msg)
-	if err != nil {
+	d, now, err := s.begin(ctx, msg, FaultCrashBeforeSettle)
+	if d == nil {
 		return err
 	}
 	q := s.q
-	if done, err := s.settleFaultLocked(msg, now, FaultCrashBeforeSettle); done {
-		return err
-	}
-	if !d.currentLocked(now) {
-		q.mu.Unlock()
-		return s.invalid(d)
-	}
 	rec := d.rec
 	q.inflight.remove(rec)
 	rec.gen.Add(1)
@@ -870,17 +839,12 @@ func (s *QueueSource) Nack(ctx context.Context, msg *ackwise.Message, delay time
 	}
 	if delay > 0 {
 		rec.state = stDelayed
-		rec.visibleAt = now.Add(delay).UnixNano()
+		rec.visibleAt = deadline(now.UnixNano(), delay)
 		q.delayed.push(rec)
 	} else {
 		q.makeVisibleLocked(rec)
 	}
-	q.wakeLocked()
-	rd := q.takeRedriveLocked()
-	q.mu.Unlock()
-	if rd != nil {
-		q.redriveOut(rd)
-	}
+	q.wakeUnlockRedrive()
 	return nil
 }
 
@@ -889,18 +853,11 @@ func (s *QueueSource) Nack(ctx context.Context, msg *ackwise.Message, delay time
 // then deletes it (move before ack). When the dead-letter publish fails the
 // message is not deleted and the error is returned.
 func (s *QueueSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
-	d, now, err := s.begin(ctx, msg)
-	if err != nil {
+	d, now, err := s.begin(ctx, msg, FaultCrashBeforeSettle)
+	if d == nil {
 		return err
 	}
 	q := s.q
-	if done, err := s.settleFaultLocked(msg, now, FaultCrashBeforeSettle); done {
-		return err
-	}
-	if !d.currentLocked(now) {
-		q.mu.Unlock()
-		return s.invalid(d)
-	}
 	q.mu.Unlock()
 
 	if err := q.b.deadLetterTo(ctx, q.cfg.DeadLetter, msg, env); err != nil {
@@ -939,17 +896,15 @@ func (b *Broker) deadLetterTo(ctx context.Context, name string, msg *ackwise.Mes
 }
 
 // Release makes msg visible again at once, without waiting for its lease.
-// Its receive count stays as it is.
+// Its receive count stays as it is: with MaxReceives used up, the broker
+// dead-letters it instead of delivering it again, as SQS does after a
+// visibility timeout of zero.
 func (s *QueueSource) Release(ctx context.Context, msg *ackwise.Message) error {
 	d, now, err := s.begin(ctx, msg)
-	if err != nil {
+	if d == nil {
 		return err
 	}
 	q := s.q
-	if !d.currentLocked(now) {
-		q.mu.Unlock()
-		return s.invalid(d)
-	}
 	rec := d.rec
 	q.inflight.remove(rec)
 	rec.gen.Add(1)
@@ -957,12 +912,7 @@ func (s *QueueSource) Release(ctx context.Context, msg *ackwise.Message) error {
 		q.record(Event{Kind: EventReleased, Consumer: s.id, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt}, now)
 	}
 	q.makeVisibleLocked(rec)
-	q.wakeLocked()
-	rd := q.takeRedriveLocked()
-	q.mu.Unlock()
-	if rd != nil {
-		q.redriveOut(rd)
-	}
+	q.wakeUnlockRedrive()
 	return nil
 }
 
@@ -971,16 +921,17 @@ func (s *QueueSource) Release(ctx context.Context, msg *ackwise.Message) error {
 // the lease already ran out or msg was settled.
 func (s *QueueSource) ExtendLease(ctx context.Context, msg *ackwise.Message, dur time.Duration) error {
 	d, now, err := s.begin(ctx, msg)
-	if err != nil {
+	if d == nil {
 		return err
 	}
 	q := s.q
-	if !d.currentLocked(now) {
-		q.mu.Unlock()
-		return s.invalid(d)
-	}
-	d.rec.leaseUntil.Store(now.Add(dur).UnixNano())
+	d.rec.leaseUntil.Store(deadline(now.UnixNano(), dur))
 	q.inflight.fix(d.rec)
+	if len(q.waiters) > 0 {
+		// A shortened lease may now be the earliest deadline: the blocked
+		// receivers' timer must not stay set for a later one.
+		q.armLocked(now)
+	}
 	q.mu.Unlock()
 	return nil
 }
@@ -1025,9 +976,6 @@ func (s *QueueSource) Close() error {
 	s.unwaitLocked()
 	delete(q.sources, s)
 	q.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.signal()
 	return nil
 }

@@ -326,6 +326,9 @@ func waitEvent(t testing.TB, b *memory.Broker, dest, what string, match func(mem
 	defer cancel()
 	from := 0 // the history only grows: scan each event once
 	err := b.WaitHistory(ctx, dest, func(evs []memory.Event) bool {
+		if from > len(evs) {
+			from = 0 // dest was deleted and created again: a new history
+		}
 		for _, e := range evs[from:] {
 			if match(e) {
 				got = e

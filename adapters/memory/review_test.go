@@ -1,0 +1,224 @@
+package memory_test
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/memory"
+	"github.com/ackwise/ackwise/adapters/memory/memorytest"
+)
+
+// relClock hides the VirtualClock's absolute-time scheduling, so the
+// broker's wake-up timers go through AfterFunc and count for
+// VirtualClock.WaitForTimers: a test can wait until a receiver armed its
+// timer (which it does under the queue's lock, just before it blocks).
+// A hook, when set, runs once inside the next Now.
+type relClock struct {
+	vc   *memory.VirtualClock // not embedded: its absolute scheduling must not show
+	hook atomic.Pointer[func()]
+}
+
+func (c *relClock) Now() time.Time {
+	if f := c.hook.Swap(nil); f != nil {
+		(*f)()
+	}
+	return c.vc.Now()
+}
+
+func (c *relClock) AfterFunc(d time.Duration, f func()) ackwise.Timer {
+	return c.vc.AfterFunc(d, f)
+}
+
+func newRelBroker(t *testing.T) (*memory.Broker, *memory.VirtualClock, *relClock) {
+	t.Helper()
+	vc := memory.NewVirtualClock(time.Time{})
+	rc := &relClock{vc: vc}
+	b, err := memory.New(memory.Config{Clock: rc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, vc, rc
+}
+
+// A receiver blocked with its wake-up timer set at a lease deadline must be
+// woken when ExtendLease brings that lease forward (or ends it at once): it
+// must not sleep past the message becoming visible again.
+func TestQueueExtendLeaseShorterWakesBlockedReceiver(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name    string
+		dur     time.Duration
+		advance time.Duration
+	}{
+		{"shorter", time.Second, time.Second},
+		{"zero", 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b, vc, _ := newRelBroker(t)
+			if err := b.CreateQueue("q", memory.QueueConfig{Lease: time.Hour}); err != nil {
+				t.Fatal(err)
+			}
+			src, err := b.QueueSource("q")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer src.Close()
+			memorytest.Publish(t, b, "q", msg("a", ""))
+			m := recvOne(t, src)
+
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			type result struct {
+				m   *ackwise.Message
+				err error
+			}
+			got := make(chan result, 1)
+			go func() {
+				buf := make([]*ackwise.Message, 1)
+				_, err := src.Receive(ctx, buf)
+				got <- result{buf[0], err}
+			}()
+			// The receiver armed its timer for the lease's end, an hour on.
+			if err := vc.WaitForTimers(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := src.ExtendLease(ctx, m, tc.dur); err != nil {
+				t.Fatal(err)
+			}
+			vc.Advance(tc.advance)
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("blocked Receive = %v; it slept past the shortened lease", r.err)
+			}
+			if r.m.ID != "a" || r.m.Attempt != 2 {
+				t.Fatalf("got %q attempt %d", r.m.ID, r.m.Attempt)
+			}
+		})
+	}
+}
+
+// A Close that lands while Receive is on its way in (after its first state
+// check) must not lease messages to the closed source.
+func TestQueueReceiveClosedMidwayLeasesNothing(t *testing.T) {
+	t.Parallel()
+	b, _, rc := newRelBroker(t)
+	src, err := b.QueueSource("q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	memorytest.Publish(t, b, "q", msg("a", ""))
+	closeNow := func() { src.Close() }
+	rc.hook.Store(&closeNow) // runs in Receive's clock reading
+	n, err := src.Receive(context.Background(), make([]*ackwise.Message, 1))
+	if n != 0 || !errors.Is(err, adapters.ErrClosed) {
+		t.Fatalf("Receive on a source closed midway = %d, %v; want 0, ErrClosed", n, err)
+	}
+	if st := mustStats(t, b, "q"); st.InFlight != 0 || st.Ready != 1 {
+		t.Fatalf("stats %+v: the message was leased to a closed source", st)
+	}
+}
+
+// Leases, lease extensions and Nack delays too large for unix nanoseconds
+// saturate instead of wrapping into the past (which made a message visible,
+// and its delivery invalid, at once).
+func TestQueueHugeDurationsDoNotOverflow(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	huge := time.Duration(math.MaxInt64)
+	src := tb.queue(t, "q", memory.QueueConfig{Lease: huge})
+	tb.publish(t, "q", msg("a", ""), msg("b", ""))
+	ms := recv(t, src, 2)
+	if !src.Valid(ms[0]) {
+		t.Fatal("delivery with a huge lease is invalid at once")
+	}
+	if err := src.ExtendLease(tb.ctx, ms[0], huge); err != nil {
+		t.Fatal(err)
+	}
+	if !src.Valid(ms[0]) {
+		t.Fatal("delivery invalid after a huge ExtendLease")
+	}
+	if err := src.Ack(tb.ctx, ms[0]); err != nil {
+		t.Fatalf("Ack = %v", err)
+	}
+	if err := src.Nack(tb.ctx, ms[1], huge); err != nil {
+		t.Fatal(err)
+	}
+	if st := mustStats(t, tb.b, "q"); st.Delayed != 1 || st.Ready != 0 || st.Acked != 1 {
+		t.Fatalf("stats %+v: want b delayed, a acked", st)
+	}
+}
+
+// WaitHistory on a name that is deleted and created again goes on with the
+// new destination's history instead of waiting on the dead one forever.
+func TestWaitHistoryFollowsRecreatedDestination(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	tb.publish(t, "q", msg("old", ""))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	first := make(chan struct{})
+	var once atomic.Bool
+	done := make(chan error, 1)
+	go func() {
+		done <- tb.b.WaitHistory(ctx, "q", func(evs []memory.Event) bool {
+			if once.CompareAndSwap(false, true) {
+				close(first) // the waiter registers under the same lock
+			}
+			for _, e := range evs {
+				if e.Kind == memory.EventPublished && e.ID == "new" {
+					return true
+				}
+			}
+			return false
+		})
+	}()
+	<-first
+	tb.b.Delete("q")
+	if err := tb.b.CreateQueue("q", memory.QueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	tb.publish(t, "q", msg("new", ""))
+	if err := <-done; err != nil {
+		t.Fatalf("WaitHistory = %v; it kept waiting on the deleted queue", err)
+	}
+}
+
+// When retention dropped records a group had not read and nothing of the
+// group is in progress, the committed offset jumps to the oldest retained
+// record: that move is a commit like any other and is recorded as one
+// (memorytest.WaitForCommitted waits on it).
+func TestLogRetentionSkipRecordsCommit(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	if err := tb.b.CreateTopic("ev", memory.TopicConfig{Retention: 3}); err != nil {
+		t.Fatal(err)
+	}
+	src := tb.member(t, "ev", "g") // the group starts at offset 0
+	for i := range 10 {
+		tb.publish(t, "ev", msg(string(rune('a'+i)), ""))
+	}
+	if m := recvOne(t, src); m.Offset != 7 {
+		t.Fatalf("first record after retention at offset %d, want 7", m.Offset)
+	}
+	memorytest.RequireCommitted(t, tb.b, "ev", "g", 0, 7)
+	evs, err := tb.b.History("ev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range evs {
+		if e.Kind == memory.EventCommitted && e.Group == "g" && e.Partition == 0 && e.Offset == 7 {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("the committed offset moved to 7 without a committed event")
+	}
+}
