@@ -319,26 +319,11 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Duration) (int64, erro
 // instances at once is safe. An interval of zero or less, or a negative
 // olderThan, is an error returned at once.
 func (s *Store) PruneEvery(ctx context.Context, interval, olderThan time.Duration, onError func(error)) error {
-	if interval <= 0 {
-		return fmt.Errorf("sqliteinbox: PruneEvery interval %v must be positive", interval)
+	err := middleware.PruneEvery(ctx, interval, olderThan, s.Prune, onError)
+	if err != nil && ctx.Err() == nil {
+		return fmt.Errorf("sqliteinbox: %w", err)
 	}
-	if olderThan < 0 {
-		// Every run would fail: a job that never prunes, silently with a
-		// nil onError.
-		return fmt.Errorf("sqliteinbox: PruneEvery olderThan %v is negative", olderThan)
-	}
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		if _, err := s.Prune(ctx, olderThan); err != nil && ctx.Err() == nil && onError != nil {
-			onError(err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
+	return err
 }
 
 // Handled reports whether key has a committed inbox record.
