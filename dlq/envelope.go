@@ -32,13 +32,15 @@ const HeaderPrefix = "ackwise-dlq-"
 // Reason says why a message was dead-lettered.
 type Reason string
 
-// Reasons.
+// Reasons. The engine writes ReasonPermanent (a permanent error or a
+// panic) and ReasonMaxAttempts; ReasonExpired and ReasonUnroutable are for
+// adapters and tools that give up on a message for those causes (a deadline
+// passed, no route to its destination).
 const (
 	ReasonPermanent   Reason = "permanent"
 	ReasonMaxAttempts Reason = "max-attempts"
 	ReasonExpired     Reason = "expired"
 	ReasonUnroutable  Reason = "unroutable"
-	ReasonPanic       Reason = "panic"
 )
 
 // MaxErrorLen bounds the error text in bytes; longer text is cut at a rune

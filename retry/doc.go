@@ -3,7 +3,9 @@
 // a cap comes from github.com/cenkalti/backoff/v4; a tiered schedule (1m, 10m,
 // 1h …) describes the delays of a retry-topic chain or of wait queues.
 //
-// A policy only computes delays. The consumer engine applies them through the
-// broker's own delay mechanism (visibility timeout, wait queue, retry topic),
-// so no worker sleeps while holding a message.
+// A policy only computes delays. The consumer engine applies them either
+// through the broker's own delay mechanism (visibility timeout, wait queue,
+// retry topic) or in place with a timer that holds back only the message's
+// key (consumer.RetryMode); either way no worker sleeps while holding a
+// message.
 package retry

@@ -156,13 +156,14 @@ func TestConfigFromURL(t *testing.T) {
 	}
 
 	bad := map[string]string{
-		"amqp://user:pa55@broker/orders?prefetch=x":   "prefetch",
-		"amqp://user:pa55@broker/orders?bogus=1":      `unknown parameter "bogus"`,
-		"amqp://user:pa55@broker/":                    "names no queue",
-		"amqp://user:pa55@broker/orders?tls_ca=/x":    "need amqps",
-		"amqp://user:pa55@broker/orders?tiers=1s,abc": "tiers",
-		"amqps://user:pa55@broker/o?tls_ca=/nonexist": "tls_ca",
-		"amqp://user:pa55@broker/orders?tls=true":     "rabbit://",
+		"amqp://user:pa55@broker/orders?prefetch=x":            "prefetch",
+		"amqp://user:pa55@broker/orders?bogus=1":               `unknown parameter "bogus"`,
+		"amqp://user:pa55@broker/orders?prefetch=1&prefetch=2": `parameter "prefetch" given 2 times`,
+		"amqp://user:pa55@broker/":                             "names no queue",
+		"amqp://user:pa55@broker/orders?tls_ca=/x":             "need amqps",
+		"amqp://user:pa55@broker/orders?tiers=1s,abc":          "tiers",
+		"amqps://user:pa55@broker/o?tls_ca=/nonexist":          "tls_ca",
+		"amqp://user:pa55@broker/orders?tls=true":              "rabbit://",
 	}
 	for raw, want := range bad {
 		u, _ := url.Parse(raw)

@@ -121,9 +121,12 @@ type parsedURL struct {
 func parseURL(u *url.URL) (parsedURL, error) {
 	var p parsedURL
 	q := u.Query()
-	for k := range q {
+	for k, vs := range q {
 		if _, ok := urlParams[k]; !ok {
 			return p, fmt.Errorf("rabbitmq: URL %q: unknown parameter %q", u.Redacted(), k)
+		}
+		if len(vs) > 1 {
+			return p, fmt.Errorf("rabbitmq: URL %q: parameter %q given %d times", u.Redacted(), k, len(vs))
 		}
 	}
 	bad := func(k string, err error) error {

@@ -4,7 +4,7 @@
 //	memorytest.Publish(t, b, "orders", memorytest.Msg("evt-1", "cust-7", `{"total":42}`))
 //	... run the consumer ...
 //	memorytest.WaitForAcked(t, b, "orders", "evt-1")
-//	dl := memorytest.RequireDeadLettered(t, b, "orders", "evt-2", dlq.ReasonPermanent)
+//	dl := memorytest.WaitForDeadLettered(t, b, "orders", "evt-2", dlq.ReasonPermanent)
 //	memorytest.RequireHandledInOrder(t, b, "orders", "cust-7")
 //
 // Require* helpers check the broker's history as it is now and fail the test
