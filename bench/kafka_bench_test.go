@@ -19,6 +19,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/kafka"
 	"github.com/ackwise/ackwise/consumer"
 )
@@ -222,7 +223,7 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 
 // runEngine runs the ackwise engine on src until all is closed, then stops
 // it and closes src (the final commit).
-func runEngine(b *testing.B, src *kafka.Source, h ackwise.Handler, cfg consumer.Config, all chan struct{}) {
+func runEngine(b *testing.B, src adapters.Source, h ackwise.Handler, cfg consumer.Config, all chan struct{}) {
 	b.Helper()
 	c, err := consumer.New(src, h, cfg)
 	if err != nil {

@@ -221,25 +221,7 @@ func rabbitEngine(b *testing.B, cfg rabbitmq.Config, n int, ccfg consumer.Config
 		}
 		return nil
 	})
-	c, err := consumer.New(src, h, ccfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	runErr := make(chan error, 1)
-	go func() { runErr <- c.Run(ctx) }()
-	select {
-	case <-all:
-	case err := <-runErr:
-		b.Fatalf("Run returned early: %v", err)
-	}
-	cancel()
-	if err := <-runErr; err != nil {
-		b.Fatal(err)
-	}
-	if err := src.Close(); err != nil {
-		b.Fatal(err)
-	}
+	runEngine(b, src, h, ccfg, all)
 }
 
 // rabbitSourceWorkers drives the ackwise source without the engine: one
