@@ -27,20 +27,126 @@ const (
 	HeaderTraceparent = "traceparent"
 )
 
+// Header is one message header.
+type Header struct {
+	Key   string
+	Value string
+}
+
 // Headers are a message's string headers (Kafka record headers, AMQP header
-// table entries, SQS message attributes, Pub/Sub attributes).
-type Headers map[string]string
+// table entries, SQS message attributes, Pub/Sub attributes), in the order
+// the broker gave them. Keys are case-sensitive. A key appears once except
+// on a Kafka record that carries it more than once: Get returns the last
+// value, as Kafka clients do, and adapters pass every one on.
+//
+// Headers is a slice so that adapters can hand them over without building a
+// map per message (see docs/headers.md). Small header sets are searched
+// linearly, which is faster than hashing for the handful of headers messages
+// carry. Set, Add and Del change the slice in place; a handler that changes
+// the headers of a message it does not own (to publish a copy) clones them
+// first.
+type Headers []Header
+
+// HeadersOf returns headers from key, value pairs:
+// HeadersOf("k1", "v1", "k2", "v2"). It panics on an odd number of
+// arguments, which is a programming error.
+func HeadersOf(kv ...string) Headers {
+	if len(kv)%2 != 0 {
+		panic("ackwise: HeadersOf: odd number of arguments")
+	}
+	h := make(Headers, 0, len(kv)/2)
+	for i := 0; i < len(kv); i += 2 {
+		h.Set(kv[i], kv[i+1])
+	}
+	return h
+}
+
+// Get returns the value of the last header named key, or "" if there is
+// none.
+func (h Headers) Get(key string) string {
+	v, _ := h.Lookup(key)
+	return v
+}
+
+// Lookup returns the value of the last header named key and whether there
+// is one.
+func (h Headers) Lookup(key string) (string, bool) {
+	for i := len(h) - 1; i >= 0; i-- {
+		if h[i].Key == key {
+			return h[i].Value, true
+		}
+	}
+	return "", false
+}
+
+// Has reports whether a header named key is present.
+func (h Headers) Has(key string) bool {
+	_, ok := h.Lookup(key)
+	return ok
+}
+
+// Set makes value the only value of key: it replaces the first header named
+// key, removes any later ones, or appends the header if there is none.
+func (h *Headers) Set(key, value string) {
+	s := *h
+	for i := range s {
+		if s[i].Key == key {
+			s[i].Value = value
+			*h = append(s[:i+1], deleteKey(s[i+1:], key)...)
+			return
+		}
+	}
+	*h = append(s, Header{Key: key, Value: value})
+}
+
+// Add appends a header, keeping any others with the same key (Kafka allows
+// repeated keys; other brokers keep the last).
+func (h *Headers) Add(key, value string) {
+	*h = append(*h, Header{Key: key, Value: value})
+}
+
+// Del removes every header named key.
+func (h *Headers) Del(key string) {
+	*h = deleteKey(*h, key)
+}
+
+// deleteKey removes the headers named key from s in place.
+func deleteKey(s Headers, key string) Headers {
+	out := s[:0]
+	for _, kv := range s {
+		if kv.Key != key {
+			out = append(out, kv)
+		}
+	}
+	clear(s[len(out):])
+	return out
+}
 
 // Clone returns a copy of h that can be changed without changing h.
 func (h Headers) Clone() Headers {
 	if h == nil {
 		return nil
 	}
-	c := make(Headers, len(h))
-	for k, v := range h {
-		c[k] = v
+	return append(make(Headers, 0, len(h)+2), h...)
+}
+
+// Keys returns the header keys in order. With Get and Set it makes
+// *Headers an OpenTelemetry propagation.TextMapCarrier.
+func (h Headers) Keys() []string {
+	keys := make([]string, len(h))
+	for i, kv := range h {
+		keys[i] = kv.Key
 	}
-	return c
+	return keys
+}
+
+// Map returns the headers as a map; of repeated keys the last value wins.
+func (h Headers) Map() map[string]string {
+	m := make(map[string]string, len(h))
+	for _, kv := range h {
+		m[kv.Key] = kv.Value
+	}
+	return m
 }
 
 // Message is one delivery of an event.
@@ -48,7 +154,10 @@ func (h Headers) Clone() Headers {
 // Producers fill ID, Key, Payload and Headers. An adapter fills the delivery
 // facts on receive; they describe this delivery, not the event, and a handler
 // treats them as read-only. A Message is owned by the engine while its handler
-// runs; a handler must not keep it after returning.
+// runs; a handler must not keep it, its Headers or its Payload after
+// returning: a source may reuse the Message for a later delivery (see
+// adapters.Recycler). Copy what must outlive the call (Headers.Clone,
+// bytes.Clone).
 type Message struct {
 	// ID is the producer's stable event ID (header ackwise-event-id). It is the
 	// same on every redelivery of the event.

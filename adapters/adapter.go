@@ -104,6 +104,20 @@ type Source interface {
 	Close() error
 }
 
+// Recycler is implemented by sources that reuse the memory of delivered
+// messages, to spare the garbage collector one Message per delivery. The
+// engine calls Recycle once for every message it received, when it is done
+// with it: after the message was settled or released, observed, and the next
+// message of its key released. From then on the source may hand out the same
+// *Message again, so nothing may use msg after Recycle: handlers,
+// middleware and observers must not keep a message (or its Headers) beyond
+// their call, as the Message contract says. A message whose handler is still
+// running past the drain deadline is never recycled. Callers that drive a
+// source directly need not call Recycle.
+type Recycler interface {
+	Recycle(msg *ackwise.Message)
+}
+
 // Sink publishes messages to one topic, exchange or queue.
 //
 // Publish may be called concurrently.
@@ -125,5 +139,5 @@ func EventID(msg *ackwise.Message) string {
 	if msg.ID != "" {
 		return msg.ID
 	}
-	return msg.Headers[ackwise.HeaderEventID]
+	return msg.Headers.Get(ackwise.HeaderEventID)
 }

@@ -272,7 +272,7 @@ func BenchmarkKafkaKeyParallel(b *testing.B) {
 				all := make(chan struct{})
 				h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
 					time.Sleep(2 * time.Millisecond)
-					seq, _ := strconv.Atoi(m.Headers["seq"])
+					seq, _ := strconv.Atoi(m.Headers.Get("seq"))
 					mu.Lock()
 					if prev, ok := last[m.Key]; ok && seq < prev {
 						outOfOrder.Add(1)

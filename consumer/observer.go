@@ -37,8 +37,8 @@ func (o Outcome) String() string {
 }
 
 // Observer is told each outcome, for metrics. Observe must be fast and safe
-// for concurrent use; elapsed is the handler's run time (zero when it did not
-// run).
+// for concurrent use, and must not keep msg after returning (the source may
+// reuse it); elapsed is the handler's run time (zero when it did not run).
 type Observer interface {
 	Observe(msg *ackwise.Message, o Outcome, elapsed time.Duration)
 }

@@ -113,31 +113,31 @@ func BoundError(s string) string {
 	return s[:cut] + ellipsis
 }
 
-// Encode writes the envelope's headers into h.
-func (e Envelope) Encode(h ackwise.Headers) {
-	h[HeaderReason] = string(e.Reason)
-	h[HeaderError] = BoundError(e.Error)
-	h[HeaderErrorClass] = e.ErrorClass
-	h[HeaderSource] = e.Source
+// Encode writes the envelope's headers into h, replacing any earlier ones.
+func (e Envelope) Encode(h *ackwise.Headers) {
+	h.Set(HeaderReason, string(e.Reason))
+	h.Set(HeaderError, BoundError(e.Error))
+	h.Set(HeaderErrorClass, e.ErrorClass)
+	h.Set(HeaderSource, e.Source)
 	if e.Partition >= 0 {
-		h[HeaderPartition] = strconv.FormatInt(int64(e.Partition), 10)
+		h.Set(HeaderPartition, strconv.FormatInt(int64(e.Partition), 10))
 	}
 	if e.Offset >= 0 {
-		h[HeaderOffset] = strconv.FormatInt(e.Offset, 10)
+		h.Set(HeaderOffset, strconv.FormatInt(e.Offset, 10))
 	}
 	if e.MessageID != "" {
-		h[HeaderMessageID] = e.MessageID
+		h.Set(HeaderMessageID, e.MessageID)
 	}
-	h[HeaderAttempts] = strconv.Itoa(e.Attempts)
+	h.Set(HeaderAttempts, strconv.Itoa(e.Attempts))
 	if !e.FirstFailure.IsZero() {
-		h[HeaderFirstFailure] = e.FirstFailure.UTC().Format(time.RFC3339Nano)
+		h.Set(HeaderFirstFailure, e.FirstFailure.UTC().Format(time.RFC3339Nano))
 	}
 	if !e.LastFailure.IsZero() {
-		h[HeaderLastFailure] = e.LastFailure.UTC().Format(time.RFC3339Nano)
+		h.Set(HeaderLastFailure, e.LastFailure.UTC().Format(time.RFC3339Nano))
 	}
-	h[HeaderConsumer] = e.Consumer
+	h.Set(HeaderConsumer, e.Consumer)
 	if e.ConsumerVersion != "" {
-		h[HeaderConsumerVersion] = e.ConsumerVersion
+		h.Set(HeaderConsumerVersion, e.ConsumerVersion)
 	}
 }
 
@@ -145,49 +145,49 @@ func (e Envelope) Encode(h ackwise.Headers) {
 // own headers are kept; envelope headers from an earlier dead-lettering (a
 // redriven message that failed again) are replaced.
 func (e Envelope) Apply(headers ackwise.Headers) ackwise.Headers {
-	out := make(ackwise.Headers, len(headers)+12)
-	for k, v := range headers {
-		if !strings.HasPrefix(k, HeaderPrefix) {
-			out[k] = v
+	out := make(ackwise.Headers, 0, len(headers)+12)
+	for _, kv := range headers {
+		if !strings.HasPrefix(kv.Key, HeaderPrefix) {
+			out = append(out, kv)
 		}
 	}
-	e.Encode(out)
+	e.Encode(&out)
 	return out
 }
 
 // Decode reads the envelope from a dead letter's headers. It fails when the
 // headers carry no envelope or a field does not parse.
-func Decode(h map[string]string) (Envelope, error) {
-	reason, ok := h[HeaderReason]
+func Decode(h ackwise.Headers) (Envelope, error) {
+	reason, ok := h.Lookup(HeaderReason)
 	if !ok {
 		return Envelope{}, fmt.Errorf("dlq: no %s header: not a dead letter", HeaderReason)
 	}
 	e := Envelope{
 		Reason:          Reason(reason),
-		Error:           h[HeaderError],
-		ErrorClass:      h[HeaderErrorClass],
-		Source:          h[HeaderSource],
+		Error:           h.Get(HeaderError),
+		ErrorClass:      h.Get(HeaderErrorClass),
+		Source:          h.Get(HeaderSource),
 		Partition:       -1,
 		Offset:          -1,
-		MessageID:       h[HeaderMessageID],
-		Consumer:        h[HeaderConsumer],
-		ConsumerVersion: h[HeaderConsumerVersion],
+		MessageID:       h.Get(HeaderMessageID),
+		Consumer:        h.Get(HeaderConsumer),
+		ConsumerVersion: h.Get(HeaderConsumerVersion),
 	}
-	if v, ok := h[HeaderPartition]; ok {
+	if v, ok := h.Lookup(HeaderPartition); ok {
 		p, err := strconv.ParseInt(v, 10, 32)
 		if err != nil {
 			return e, fmt.Errorf("dlq: %s = %q: %w", HeaderPartition, v, err)
 		}
 		e.Partition = int32(p)
 	}
-	if v, ok := h[HeaderOffset]; ok {
+	if v, ok := h.Lookup(HeaderOffset); ok {
 		o, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			return e, fmt.Errorf("dlq: %s = %q: %w", HeaderOffset, v, err)
 		}
 		e.Offset = o
 	}
-	if v, ok := h[HeaderAttempts]; ok {
+	if v, ok := h.Lookup(HeaderAttempts); ok {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			return e, fmt.Errorf("dlq: %s = %q: %w", HeaderAttempts, v, err)
@@ -195,7 +195,7 @@ func Decode(h map[string]string) (Envelope, error) {
 		e.Attempts = n
 	}
 	for name, dst := range map[string]*time.Time{HeaderFirstFailure: &e.FirstFailure, HeaderLastFailure: &e.LastFailure} {
-		if v, ok := h[name]; ok {
+		if v, ok := h.Lookup(name); ok {
 			t, err := time.Parse(time.RFC3339Nano, v)
 			if err != nil {
 				return e, fmt.Errorf("dlq: %s = %q: %w", name, v, err)
@@ -208,11 +208,11 @@ func Decode(h map[string]string) (Envelope, error) {
 
 // Strip returns a copy of headers without the envelope, for redrive: the
 // message goes back to its source as it was, its event ID included.
-func Strip(headers map[string]string) ackwise.Headers {
-	out := make(ackwise.Headers, len(headers))
-	for k, v := range headers {
-		if !strings.HasPrefix(k, HeaderPrefix) {
-			out[k] = v
+func Strip(headers ackwise.Headers) ackwise.Headers {
+	out := make(ackwise.Headers, 0, len(headers))
+	for _, kv := range headers {
+		if !strings.HasPrefix(kv.Key, HeaderPrefix) {
+			out = append(out, kv)
 		}
 	}
 	return out

@@ -18,14 +18,14 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 	msg := &ackwise.Message{
 		ID: "e1", Source: "orders", Partition: 3, Offset: 42, BrokerID: "orders/3@42", Attempt: 5,
 		FirstFailure: first,
-		Headers:      ackwise.Headers{"x-tenant": "acme", dlq.HeaderReason: "stale"},
+		Headers:      ackwise.HeadersOf("x-tenant", "acme", dlq.HeaderReason, "stale"),
 	}
 	env := dlq.New(msg, dlq.ReasonMaxAttempts, errors.New("db down"), ackwise.ClassTransient, last, "billing", "v2")
 	h := env.Apply(msg.Headers)
-	if h["x-tenant"] != "acme" {
+	if h.Get("x-tenant") != "acme" {
 		t.Fatal("original header lost")
 	}
-	if msg.Headers[dlq.HeaderReason] != "stale" {
+	if msg.Headers.Get(dlq.HeaderReason) != "stale" {
 		t.Fatal("Apply changed the message's own headers")
 	}
 	got, err := dlq.Decode(h)
@@ -39,12 +39,13 @@ func TestEnvelopeRoundTrip(t *testing.T) {
 		t.Fatalf("decoded %+v", got)
 	}
 	stripped := dlq.Strip(h)
-	for k := range stripped {
+	for _, kv := range stripped {
+		k := kv.Key
 		if strings.HasPrefix(k, dlq.HeaderPrefix) {
 			t.Fatalf("Strip kept %s", k)
 		}
 	}
-	if stripped["x-tenant"] != "acme" {
+	if stripped.Get("x-tenant") != "acme" {
 		t.Fatal("Strip lost an original header")
 	}
 }
@@ -54,10 +55,10 @@ func TestQueueEnvelopeHasNoPosition(t *testing.T) {
 	msg := &ackwise.Message{Source: "q", Partition: -1, Offset: -1, Attempt: 1}
 	env := dlq.New(msg, dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "c", "")
 	h := env.Apply(nil)
-	if _, ok := h[dlq.HeaderPartition]; ok {
+	if _, ok := h.Lookup(dlq.HeaderPartition); ok {
 		t.Fatal("partition header on a queue message")
 	}
-	if _, ok := h[dlq.HeaderConsumerVersion]; ok {
+	if _, ok := h.Lookup(dlq.HeaderConsumerVersion); ok {
 		t.Fatal("empty consumer version written")
 	}
 	got, err := dlq.Decode(h)
@@ -83,11 +84,11 @@ func TestErrorTextIsBounded(t *testing.T) {
 
 func TestDecodeRejectsBadFields(t *testing.T) {
 	t.Parallel()
-	if _, err := dlq.Decode(map[string]string{}); err == nil {
+	if _, err := dlq.Decode(nil); err == nil {
 		t.Fatal("headers without an envelope accepted")
 	}
 	for _, h := range []string{dlq.HeaderPartition, dlq.HeaderOffset, dlq.HeaderAttempts, dlq.HeaderFirstFailure} {
-		_, err := dlq.Decode(map[string]string{dlq.HeaderReason: "permanent", h: "nope"})
+		_, err := dlq.Decode(ackwise.HeadersOf(dlq.HeaderReason, "permanent", h, "nope"))
 		if err == nil || !strings.Contains(err.Error(), h) {
 			t.Fatalf("bad %s: %v", h, err)
 		}

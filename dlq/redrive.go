@@ -422,8 +422,8 @@ var errRateDeadline = errors.New("dlq: redrive stopped: the context's deadline c
 // redriveCopy is the message Redrive publishes for the dead letter msg.
 func redriveCopy(msg *ackwise.Message) *ackwise.Message {
 	h := Strip(msg.Headers)
-	delete(h, ackwise.HeaderAttempt)
-	delete(h, ackwise.HeaderFirstFailure)
+	h.Del(ackwise.HeaderAttempt)
+	h.Del(ackwise.HeaderFirstFailure)
 	if len(h) == 0 {
 		h = nil
 	}
@@ -434,7 +434,7 @@ func eventID(msg *ackwise.Message) string {
 	if msg.ID != "" {
 		return msg.ID
 	}
-	return msg.Headers[ackwise.HeaderEventID]
+	return msg.Headers.Get(ackwise.HeaderEventID)
 }
 
 // run is the receive-and-hold machinery Redrive and Inspect share.

@@ -84,7 +84,7 @@ func message(id string) *ackwise.Message {
 		ID:      id,
 		Key:     "key-" + id,
 		Payload: []byte{0x00, 0xff, '\n', 0xc3, 0x28, byte(len(id))},
-		Headers: ackwise.Headers{"x-tenant": "acme", ackwise.HeaderTraceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		Headers: ackwise.HeadersOf("x-tenant", "acme", ackwise.HeaderTraceparent, "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
 	}
 }
 
@@ -157,8 +157,8 @@ func TestRedriveMovesEveryDeadLetterUnchanged(t *testing.T) {
 	tb := setup(t)
 	msgs := messages("e", 5)
 	// An attempt counter from a wait-queue hop must not survive the redrive.
-	msgs[2].Headers[ackwise.HeaderAttempt] = "5"
-	msgs[2].Headers[ackwise.HeaderFirstFailure] = "2026-11-29T10:00:00Z"
+	msgs[2].Headers.Set(ackwise.HeaderAttempt, "5")
+	msgs[2].Headers.Set(ackwise.HeaderFirstFailure, "2026-11-29T10:00:00Z")
 	tb.deadLetter(t, dlq.ReasonMaxAttempts, msgs...)
 	if got := tb.ids(t, tb.work); len(got) != 0 {
 		t.Fatalf("work queue holds %q before the redrive", got)
@@ -196,11 +196,11 @@ func TestRedriveMovesEveryDeadLetterUnchanged(t *testing.T) {
 		if m.ID != orig.ID || m.Key != orig.Key || !bytes.Equal(m.Payload, orig.Payload) {
 			t.Fatalf("redriven %d: id %q key %q payload %x; want %q %q %x", i, m.ID, m.Key, m.Payload, orig.ID, orig.Key, orig.Payload)
 		}
-		want := maps.Clone(orig.Headers)
-		delete(want, ackwise.HeaderAttempt)
-		delete(want, ackwise.HeaderFirstFailure)
-		want[ackwise.HeaderEventID] = orig.ID
-		if !maps.Equal(map[string]string(m.Headers), map[string]string(want)) {
+		want := orig.Headers.Clone()
+		want.Del(ackwise.HeaderAttempt)
+		want.Del(ackwise.HeaderFirstFailure)
+		want.Set(ackwise.HeaderEventID, orig.ID)
+		if !maps.Equal(m.Headers.Map(), want.Map()) {
 			t.Fatalf("redriven %s headers\n got %v\nwant %v", m.ID, m.Headers, want)
 		}
 	}

@@ -11,7 +11,7 @@ import (
 func TestIdempotencyKey(t *testing.T) {
 	t.Parallel()
 	m := &ackwise.Message{ID: "ev-1", BrokerID: "a", Attempt: 1}
-	redelivery := &ackwise.Message{Headers: ackwise.Headers{ackwise.HeaderEventID: "ev-1"}, BrokerID: "b", Attempt: 3, Payload: []byte("x")}
+	redelivery := &ackwise.Message{Headers: ackwise.HeadersOf(ackwise.HeaderEventID, "ev-1"), BrokerID: "b", Attempt: 3, Payload: []byte("x")}
 	k := middleware.IdempotencyKey(m, "billing", "charge")
 	if !regexp.MustCompile(`^ackwise-[0-9a-f]{32}$`).MatchString(k) {
 		t.Fatalf("key %q has the wrong shape", k)

@@ -91,7 +91,7 @@ func EventID(msg *ackwise.Message) string {
 	if msg.ID != "" {
 		return msg.ID
 	}
-	return msg.Headers[ackwise.HeaderEventID]
+	return msg.Headers.Get(ackwise.HeaderEventID)
 }
 
 // Inbox returns the idempotency middleware: each event (InboxKey: consumer

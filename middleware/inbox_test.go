@@ -53,13 +53,13 @@ func TestInboxKeyFunc(t *testing.T) {
 	mw, err := middleware.Inbox(store, middleware.InboxConfig{
 		Consumer: "c",
 		KeyFunc: func(msg *ackwise.Message) (string, error) {
-			switch msg.Headers["order"] {
+			switch msg.Headers.Get("order") {
 			case "":
 				return "", errors.New("no order header")
 			case "throttled":
 				return "", ackwise.RetryAfter(errors.New("lookup busy"), time.Second)
 			}
-			return "order-" + msg.Headers["order"], nil
+			return "order-" + msg.Headers.Get("order"), nil
 		},
 		OnDuplicate: func(context.Context, *ackwise.Message) { dups.Add(1) },
 	})
@@ -68,7 +68,7 @@ func TestInboxKeyFunc(t *testing.T) {
 	}
 	h := mw(counting(&runs))
 	for _, id := range []string{"a", "b"} { // same order, different event IDs
-		if err := h.Handle(t.Context(), &ackwise.Message{ID: id, Headers: ackwise.Headers{"order": "7"}}); err != nil {
+		if err := h.Handle(t.Context(), &ackwise.Message{ID: id, Headers: ackwise.HeadersOf("order", "7")}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -78,7 +78,7 @@ func TestInboxKeyFunc(t *testing.T) {
 	if err := h.Handle(t.Context(), &ackwise.Message{ID: "x"}); ackwise.ClassOf(err) != ackwise.ClassPermanent {
 		t.Fatalf("KeyFunc error: %v, want permanent", err)
 	}
-	if err := h.Handle(t.Context(), &ackwise.Message{Headers: ackwise.Headers{"order": "throttled"}}); ackwise.ClassOf(err) != ackwise.ClassRateLimited {
+	if err := h.Handle(t.Context(), &ackwise.Message{Headers: ackwise.HeadersOf("order", "throttled")}); ackwise.ClassOf(err) != ackwise.ClassRateLimited {
 		t.Fatalf("classified KeyFunc error: %v, want its class kept", err)
 	}
 }
@@ -161,8 +161,8 @@ func TestVersionGateConfigAndHeaders(t *testing.T) {
 	h := mw(counting(&runs))
 	for _, m := range []*ackwise.Message{
 		{Key: "a"}, // no version header
-		{Key: "a", Headers: ackwise.Headers{ackwise.HeaderAggregateVersion: "seven"}},
-		{Headers: ackwise.Headers{ackwise.HeaderAggregateVersion: "1"}}, // no aggregate
+		{Key: "a", Headers: ackwise.HeadersOf(ackwise.HeaderAggregateVersion, "seven")},
+		{Headers: ackwise.HeadersOf(ackwise.HeaderAggregateVersion, "1")}, // no aggregate
 	} {
 		err := h.Handle(t.Context(), m)
 		if !errors.Is(err, middleware.ErrInvalid) || ackwise.ClassOf(err) != ackwise.ClassPermanent {
@@ -170,7 +170,7 @@ func TestVersionGateConfigAndHeaders(t *testing.T) {
 		}
 	}
 	for _, v := range []string{"2", "1"} {
-		if err := h.Handle(t.Context(), &ackwise.Message{Key: "a", Headers: ackwise.Headers{ackwise.HeaderAggregateVersion: v}}); err != nil {
+		if err := h.Handle(t.Context(), &ackwise.Message{Key: "a", Headers: ackwise.HeadersOf(ackwise.HeaderAggregateVersion, v)}); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -89,7 +89,7 @@ func Tracing(tp trace.TracerProvider, cfg TracingConfig) ackwise.Middleware {
 	static = append(static, cfg.Attributes...)
 	return func(next ackwise.Handler) ackwise.Handler {
 		return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
-			ctx = prop.Extract(ctx, headerCarrier(msg.Headers))
+			ctx = prop.Extract(ctx, headerCarrier{&msg.Headers})
 			name := "process " + msg.Source
 			if cfg.SpanName != nil {
 				name = cfg.SpanName(msg)
@@ -122,27 +122,27 @@ func Tracing(tp trace.TracerProvider, cfg TracingConfig) ackwise.Middleware {
 
 // headerCarrier reads and writes trace context in ackwise.Headers. Get falls
 // back to a case-insensitive match, as some brokers or senders change the
-// case of header names. Set on a nil map panics; extraction never sets.
-type headerCarrier ackwise.Headers
+// case of header names.
+type headerCarrier struct{ h *ackwise.Headers }
 
 func (c headerCarrier) Get(key string) string {
-	if v, ok := c[key]; ok {
+	if v, ok := c.h.Lookup(key); ok {
 		return v
 	}
-	for k, v := range c {
-		if strings.EqualFold(k, key) {
-			return v
+	for _, kv := range *c.h {
+		if strings.EqualFold(kv.Key, key) {
+			return kv.Value
 		}
 	}
 	return ""
 }
 
-func (c headerCarrier) Set(key, value string) { c[key] = value }
+func (c headerCarrier) Set(key, value string) { c.h.Set(key, value) }
 
 func (c headerCarrier) Keys() []string {
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
+	keys := make([]string, 0, len(*c.h))
+	for _, kv := range *c.h {
+		keys = append(keys, kv.Key)
 	}
 	return keys
 }

@@ -53,11 +53,7 @@ func TestTracingParentFromTraceparent(t *testing.T) {
 	msg := &ackwise.Message{
 		ID: "ev-1", Source: "orders", Partition: 3, Offset: 42, Attempt: 2,
 		Payload: []byte("secret-payload"),
-		Headers: ackwise.Headers{
-			ackwise.HeaderTraceparent: "00-" + parentTrace + "-" + parentSpan + "-01",
-			"tracestate":              "vendor=abc",
-			"authorization":           "secret-header",
-		},
+		Headers: ackwise.HeadersOf(ackwise.HeaderTraceparent, "00-"+parentTrace+"-"+parentSpan+"-01", "tracestate", "vendor=abc", "authorization", "secret-header"),
 	}
 	if err := h.Handle(t.Context(), msg); err != nil {
 		t.Fatal(err)
@@ -138,7 +134,7 @@ func TestTracingNoParentWithoutHeader(t *testing.T) {
 	t.Parallel()
 	sr, tp := tracingSetup(t)
 	h := middleware.Tracing(tp, middleware.TracingConfig{})(ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil }))
-	for _, hdr := range []ackwise.Headers{nil, {ackwise.HeaderTraceparent: "garbage"}} {
+	for _, hdr := range []ackwise.Headers{nil, ackwise.HeadersOf(ackwise.HeaderTraceparent, "garbage")} {
 		if err := h.Handle(t.Context(), &ackwise.Message{Source: "orders", Partition: -1, Headers: hdr}); err != nil {
 			t.Fatal(err)
 		}
@@ -226,7 +222,7 @@ func TestTracingEndToEnd(t *testing.T) {
 // recorded) and with a no-op provider.
 func BenchmarkTracing(b *testing.B) {
 	msg := &ackwise.Message{ID: "ev-1", Source: "orders", Partition: 1, Offset: 7, Attempt: 1,
-		Headers: ackwise.Headers{ackwise.HeaderTraceparent: "00-" + parentTrace + "-" + parentSpan + "-01"}}
+		Headers: ackwise.HeadersOf(ackwise.HeaderTraceparent, "00-"+parentTrace+"-"+parentSpan+"-01")}
 	next := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil })
 	for _, bc := range []struct {
 		name string

@@ -120,7 +120,7 @@ func VersionGate(store VersionStore, cfg VersionGateConfig) (ackwise.Middleware,
 // AggregateVersion returns the version in msg's ackwise-aggregate-version
 // header. A missing or malformed header is an error wrapping [ErrInvalid].
 func AggregateVersion(msg *ackwise.Message) (int64, error) {
-	s, ok := msg.Headers[ackwise.HeaderAggregateVersion]
+	s, ok := msg.Headers.Lookup(ackwise.HeaderAggregateVersion)
 	if !ok || s == "" {
 		return 0, fmt.Errorf("%w: no %s header", ErrInvalid, ackwise.HeaderAggregateVersion)
 	}

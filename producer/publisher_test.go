@@ -56,8 +56,8 @@ func TestRetryAfterLostConfirmationKeepsTheEventID(t *testing.T) {
 		t.Fatalf("stored %d copies, want 2 (the lost confirmation and the retry)", len(stored))
 	}
 	for _, m := range stored {
-		if m.ID != msg.ID || m.Headers[ackwise.HeaderEventID] != msg.ID {
-			t.Fatalf("copy has ID %q / header %q, want %q", m.ID, m.Headers[ackwise.HeaderEventID], msg.ID)
+		if m.ID != msg.ID || m.Headers.Get(ackwise.HeaderEventID) != msg.ID {
+			t.Fatalf("copy has ID %q / header %q, want %q", m.ID, m.Headers.Get(ackwise.HeaderEventID), msg.ID)
 		}
 	}
 }

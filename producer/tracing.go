@@ -11,8 +11,7 @@ import (
 
 // InjectTrace writes the span context of ctx into msg.Headers as W3C trace
 // context (headers traceparent and, when set, tracestate), so that the
-// consumer's middleware.Tracing continues the trace. It creates msg.Headers
-// if nil. When ctx carries no valid span context, msg is left unchanged (an
+// consumer's middleware.Tracing continues the trace. When ctx carries no valid span context, msg is left unchanged (an
 // existing traceparent, as on a forwarded message, is kept). The global
 // propagator is not used. Call it before Publish, once per message; it is
 // safe for concurrent use on different messages.
@@ -20,8 +19,5 @@ func InjectTrace(ctx context.Context, msg *ackwise.Message) {
 	if msg == nil || !trace.SpanContextFromContext(ctx).IsValid() {
 		return
 	}
-	if msg.Headers == nil {
-		msg.Headers = make(ackwise.Headers, 2)
-	}
-	propagation.TraceContext{}.Inject(ctx, propagation.MapCarrier(msg.Headers))
+	propagation.TraceContext{}.Inject(ctx, &msg.Headers)
 }

@@ -29,21 +29,21 @@ func TestInjectTrace(t *testing.T) {
 	msg := &ackwise.Message{ID: "ev-1"} // nil headers: created
 	producer.InjectTrace(ctx, msg)
 	want := span.SpanContext()
-	if got := msg.Headers[ackwise.HeaderTraceparent]; got != "00-"+want.TraceID().String()+"-"+want.SpanID().String()+"-01" {
+	if got := msg.Headers.Get(ackwise.HeaderTraceparent); got != "00-"+want.TraceID().String()+"-"+want.SpanID().String()+"-01" {
 		t.Fatalf("traceparent %q, want the span %v", got, want)
 	}
-	if got := msg.Headers["tracestate"]; got != "vendor=abc" {
+	if got := msg.Headers.Get("tracestate"); got != "vendor=abc" {
 		t.Errorf("tracestate %q, want vendor=abc", got)
 	}
 	// Round trip: what a consumer extracts is the producer's span.
-	back := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), propagation.MapCarrier(msg.Headers)))
+	back := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(context.Background(), &msg.Headers))
 	if back.TraceID() != want.TraceID() || back.SpanID() != want.SpanID() {
 		t.Errorf("extracted %v, want %v", back, want)
 	}
 
-	kept := &ackwise.Message{Headers: ackwise.Headers{"a": "b"}}
+	kept := &ackwise.Message{Headers: ackwise.HeadersOf("a", "b")}
 	producer.InjectTrace(ctx, kept)
-	if kept.Headers["a"] != "b" || kept.Headers[ackwise.HeaderTraceparent] == "" {
+	if kept.Headers.Get("a") != "b" || kept.Headers.Get(ackwise.HeaderTraceparent) == "" {
 		t.Errorf("existing headers %v: want a=b kept and traceparent added", kept.Headers)
 	}
 

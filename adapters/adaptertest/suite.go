@@ -69,7 +69,7 @@ func batch(n, keys int) []*ackwise.Message {
 			ID:      fmt.Sprintf("%s-%d", run, i),
 			Key:     fmt.Sprintf("key-%d", i%keys),
 			Payload: []byte(strconv.Itoa(i)),
-			Headers: ackwise.Headers{"x-seq": strconv.Itoa(i)},
+			Headers: ackwise.HeadersOf("x-seq", strconv.Itoa(i)),
 		}
 	}
 	return out
@@ -212,7 +212,7 @@ func testPublishReceive(t *testing.T, h Harness) {
 	f := h.Open(t, FixtureConfig{})
 	in := batch(20, 5)
 	in[0].Payload = []byte{0, 0xff, 0xfe, '\n', 0x80} // not UTF-8
-	in[0].Headers["traceparent"] = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	in[0].Headers.Set("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
 	publish(t, f, in)
 	rec := newRecorder(nil)
 	start(t, f.NewSource(t), rec, consumer.Config{})
@@ -234,13 +234,14 @@ func testPublishReceive(t *testing.T, h Harness) {
 		if got.Key != want.Key {
 			t.Errorf("%s key %q, want %q", want.ID, got.Key, want.Key)
 		}
-		for k, v := range want.Headers {
-			if got.Headers[k] != v {
-				t.Errorf("%s header %s = %q, want %q", want.ID, k, got.Headers[k], v)
+		for _, kv := range want.Headers {
+			k, v := kv.Key, kv.Value
+			if got.Headers.Get(k) != v {
+				t.Errorf("%s header %s = %q, want %q", want.ID, k, got.Headers.Get(k), v)
 			}
 		}
-		if got.Headers[ackwise.HeaderEventID] != want.ID {
-			t.Errorf("%s: header %s = %q", want.ID, ackwise.HeaderEventID, got.Headers[ackwise.HeaderEventID])
+		if got.Headers.Get(ackwise.HeaderEventID) != want.ID {
+			t.Errorf("%s: header %s = %q", want.ID, ackwise.HeaderEventID, got.Headers.Get(ackwise.HeaderEventID))
 		}
 		if got.Attempt != 1 {
 			t.Errorf("%s attempt %d, want 1", want.ID, got.Attempt)
@@ -333,7 +334,7 @@ func testDeadLetterEnvelope(t *testing.T, h Harness) {
 	f := h.Open(t, FixtureConfig{})
 	in := batch(1, 1)
 	in[0].Payload = append([]byte{0xde, 0xad, 0xbe, 0xef, 0}, bytes.Repeat([]byte("x"), 4096)...)
-	in[0].Headers["x-tenant"] = "acme"
+	in[0].Headers.Set("x-tenant", "acme")
 	publish(t, f, in)
 	long := string(bytes.Repeat([]byte("e"), 5000))
 	rec := newRecorder(func(context.Context, *ackwise.Message) error {
@@ -344,11 +345,11 @@ func testDeadLetterEnvelope(t *testing.T, h Harness) {
 	if !bytes.Equal(dl.Payload, in[0].Payload) {
 		t.Fatalf("dead letter payload differs: %d bytes, want %d", len(dl.Payload), len(in[0].Payload))
 	}
-	if dl.Headers["x-tenant"] != "acme" || dl.Headers["x-seq"] != "0" {
+	if dl.Headers.Get("x-tenant") != "acme" || dl.Headers.Get("x-seq") != "0" {
 		t.Fatalf("original headers lost: %v", dl.Headers)
 	}
-	if dl.Headers[ackwise.HeaderEventID] != in[0].ID {
-		t.Fatalf("event id header %q, want %q", dl.Headers[ackwise.HeaderEventID], in[0].ID)
+	if dl.Headers.Get(ackwise.HeaderEventID) != in[0].ID {
+		t.Fatalf("event id header %q, want %q", dl.Headers.Get(ackwise.HeaderEventID), in[0].ID)
 	}
 	env, err := dlq.Decode(dl.Headers)
 	if err != nil {
@@ -392,7 +393,7 @@ func testPermanentAtOnce(t *testing.T, h Harness) {
 	start(t, f.NewSource(t), rec, consumer.Config{})
 	dl := waitDeadLetters(t, f, 1)
 	rec.waitFor(t, "all handled", func() bool { return len(rec.byID) == 3 })
-	if len(dl) != 1 || dl[0].Headers[ackwise.HeaderEventID] != in[1].ID {
+	if len(dl) != 1 || dl[0].Headers.Get(ackwise.HeaderEventID) != in[1].ID {
 		t.Fatalf("dead letters %d, want only %s", len(dl), in[1].ID)
 	}
 	rec.mu.Lock()

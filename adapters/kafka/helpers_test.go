@@ -113,9 +113,9 @@ func readAll(ctx context.Context, t testing.TB, brokers []string, topic string) 
 func recordMessage(r *kgo.Record) *ackwise.Message {
 	m := &ackwise.Message{Key: string(r.Key), Payload: r.Value, Source: r.Topic, Partition: r.Partition, Offset: r.Offset, Headers: ackwise.Headers{}}
 	for _, h := range r.Headers {
-		m.Headers[h.Key] = string(h.Value)
+		m.Headers.Set(h.Key, string(h.Value))
 	}
-	m.ID = m.Headers[ackwise.HeaderEventID]
+	m.ID = m.Headers.Get(ackwise.HeaderEventID)
 	return m
 }
 

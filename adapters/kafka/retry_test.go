@@ -45,12 +45,12 @@ func TestRetryTopicChain(t *testing.T) {
 		ackwise.HeaderEventID: in.ID, "x-seq": "0",
 	}
 	for k, v := range want {
-		if h[k] != v {
-			t.Errorf("retry record header %s = %q, want %q", k, h[k], v)
+		if h.Get(k) != v {
+			t.Errorf("retry record header %s = %q, want %q", k, h.Get(k), v)
 		}
 	}
-	if due, _ := strconv.ParseInt(h[HeaderRetryDue], 10, 64); time.UnixMilli(due).Before(nacked.Add(short - 10*time.Millisecond)) {
-		t.Errorf("due %s, want about %v after the nack", h[HeaderRetryDue], short)
+	if due, _ := strconv.ParseInt(h.Get(HeaderRetryDue), 10, 64); time.UnixMilli(due).Before(nacked.Add(short - 10*time.Millisecond)) {
+		t.Errorf("due %s, want about %v after the nack", h.Get(HeaderRetryDue), short)
 	}
 	if string(moved[0].Key) != "order-1" || string(moved[0].Value) != "0" {
 		t.Errorf("retry record key %q value %q", moved[0].Key, moved[0].Value)
@@ -96,7 +96,7 @@ func TestRetryTopicChain(t *testing.T) {
 		!strings.HasPrefix(again.BrokerID, shortTopic+"/0@") || again.FirstFailure.IsZero() || string(again.Payload) != "0" {
 		t.Fatalf("retried message %+v", again)
 	}
-	if _, ok := again.Headers[HeaderRetryDue]; ok {
+	if _, ok := again.Headers.Lookup(HeaderRetryDue); ok {
 		t.Error("internal retry header leaked into Message.Headers")
 	}
 	if paused := src.Client().PauseFetchPartitions(nil); len(paused) != 0 {
@@ -124,7 +124,7 @@ func TestRetryTopicChain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got2.Source != cfg.Topic || got2.Offset != 0 || got2.Attempts != 3 || got2.Reason != dlq.ReasonMaxAttempts || dm.Headers["x-seq"] != "0" || dm.ID != in.ID || string(dm.Payload) != "0" || dm.Key != "order-1" {
+	if got2.Source != cfg.Topic || got2.Offset != 0 || got2.Attempts != 3 || got2.Reason != dlq.ReasonMaxAttempts || dm.Headers.Get("x-seq") != "0" || dm.ID != in.ID || string(dm.Payload) != "0" || dm.Key != "order-1" {
 		t.Fatalf("dead letter %+v envelope %+v", dm, got2)
 	}
 }

@@ -78,7 +78,7 @@ func TestShareGroupAcceptReleaseDeadLetter(t *testing.T) {
 		t.Fatal(err)
 	}
 	dls := readAll(ctx, t, brokers, cfg.Topic+".dlq")
-	if len(dls) != 1 || recordMessage(dls[0]).ID != in[9].ID || recordMessage(dls[0]).Headers[dlq.HeaderReason] != "permanent" {
+	if len(dls) != 1 || recordMessage(dls[0]).ID != in[9].ID || recordMessage(dls[0]).Headers.Get(dlq.HeaderReason) != "permanent" {
 		t.Fatalf("dead letters %v", dls)
 	}
 	if err := src.Close(); err != nil {

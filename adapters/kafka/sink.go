@@ -93,7 +93,7 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 // recordHeaders converts m's headers, adding ackwise-event-id from m.ID.
 func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 	n := len(m.Headers)
-	_, has := m.Headers[ackwise.HeaderEventID]
+	_, has := m.Headers.Lookup(ackwise.HeaderEventID)
 	if !has && m.ID != "" {
 		n++
 	}
@@ -104,8 +104,8 @@ func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 	if !has && m.ID != "" {
 		hs = append(hs, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(m.ID)})
 	}
-	for k, v := range m.Headers {
-		hs = append(hs, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	for _, kv := range m.Headers {
+		hs = append(hs, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})
 	}
 	return hs
 }

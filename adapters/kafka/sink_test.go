@@ -23,7 +23,7 @@ func TestSinkKeysHeadersAndEventID(t *testing.T) {
 	defer cancel()
 	var msgs []*ackwise.Message
 	for i := 0; i < 40; i++ {
-		msgs = append(msgs, &ackwise.Message{ID: "ev-" + strconv.Itoa(i), Key: "k" + strconv.Itoa(i%5), Payload: []byte{byte(i), 0xff}, Headers: ackwise.Headers{"h": "v"}})
+		msgs = append(msgs, &ackwise.Message{ID: "ev-" + strconv.Itoa(i), Key: "k" + strconv.Itoa(i%5), Payload: []byte{byte(i), 0xff}, Headers: ackwise.HeadersOf("h", "v")})
 	}
 	msgs = append(msgs, &ackwise.Message{Payload: []byte("no key, no id")})
 	if err := sink.Publish(ctx, msgs...); err != nil {
@@ -46,7 +46,7 @@ func TestSinkKeysHeadersAndEventID(t *testing.T) {
 			t.Errorf("key %s in partitions %d and %d", m.Key, p, r.Partition)
 		}
 		part[m.Key] = r.Partition
-		if m.Headers["h"] != "v" || m.ID == "" {
+		if m.Headers.Get("h") != "v" || m.ID == "" {
 			t.Errorf("record %s/%d@%d headers %v", r.Topic, r.Partition, r.Offset, m.Headers)
 		}
 	}

@@ -36,10 +36,16 @@ type Source struct {
 
 	mu      sync.Mutex
 	parts   map[topicPartition]*partition
-	scratch []byte          // message building, under mu
-	slab    []delivery      // deliveries are carved from it, under mu
 	pending []pendingRecord // polled, not yet delivered, under mu
 	pendIdx int
+
+	// Message building, by the goroutine calling Receive and without mu:
+	// records to deliver are picked under mu, their messages built after.
+	build   []toBuild
+	scratch []byte           // key, header values and broker ID of one record
+	slab    []delivery       // new deliveries are carved from it
+	hslab   []ackwise.Header // headers beyond a delivery's own room
+	free    sync.Pool        // recycled *delivery
 
 	closed  atomic.Bool
 	closing chan struct{}
@@ -75,15 +81,23 @@ type receipt struct {
 	origTopic string // where the record first sat (differs on retry topics)
 	origPart  int32
 	origOff   int64
+
+	d *delivery // the delivery holding this receipt, for Recycle
 }
 
-// delivery puts a message and its receipt in one allocation.
+// delivery puts a message, its receipt and room for its headers in one
+// allocation. Deliveries are carved from slabs and reused once the engine
+// recycles their message (see Recycle).
 type delivery struct {
-	msg ackwise.Message
-	rc  receipt
+	msg  ackwise.Message
+	rc   receipt
+	hdrs [4]ackwise.Header
 }
 
-var _ adapters.Source = (*Source)(nil)
+var (
+	_ adapters.Source   = (*Source)(nil)
+	_ adapters.Recycler = (*Source)(nil)
+)
 
 // NewSource joins cfg.Group on cfg.Topic (and its retry topics, when
 // cfg.RetryTiers are set) and returns once a broker answered. It fails when
@@ -402,7 +416,7 @@ func (s *Source) stash(fetches kgo.Fetches) {
 // many it delivered and when the next held record is due (zero if none).
 func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next time.Time) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.build = s.build[:0]
 	var resume map[string][]int32
 	for _, p := range s.parts {
 		if len(p.held) == 0 || p.own.Load() != ownOwned {
@@ -415,7 +429,7 @@ func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next tim
 				break
 			}
 			p.inflight++
-			buf[n] = s.message(p, h.rec, h.seq)
+			s.build = append(s.build, toBuild{p: p, r: h.rec, seq: h.seq})
 			n++
 		}
 		p.held = p.held[i:]
@@ -435,6 +449,8 @@ func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next tim
 		}
 	}
 	resumeLocked(s.cl, resume)
+	s.mu.Unlock()
+	s.buildInto(buf)
 	return n, next
 }
 
@@ -444,7 +460,7 @@ func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next tim
 // had to pause.
 func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, held bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.build = s.build[:0]
 	var pause map[string][]int32
 	for ; s.pendIdx < len(s.pending) && n < len(buf); s.pendIdx++ {
 		pr := s.pending[s.pendIdx]
@@ -457,8 +473,7 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 			// Seen before: fetched again after a rewind to a released
 			// record, which is delivered again; the others are skipped.
 			if seq, gen, ok := p.redeliver(r.Offset); ok {
-				buf[n] = s.message(p, r, seq)
-				buf[n].Handle.(*receipt).gen = gen
+				s.build = append(s.build, toBuild{p: p, r: r, seq: seq, gen: gen})
 				n++
 			}
 			continue
@@ -491,11 +506,33 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 			}
 		}
 		seq := p.track(r.Offset, r.LeaderEpoch, true)
-		buf[n] = s.message(p, r, seq)
+		s.build = append(s.build, toBuild{p: p, r: r, seq: seq})
 		n++
 	}
 	pauseLocked(s.cl, pause)
+	s.mu.Unlock()
+	s.buildInto(buf)
 	return n, len(pause) > 0
+}
+
+// toBuild is a record picked for delivery whose message is not built yet.
+type toBuild struct {
+	p   *partition
+	r   *kgo.Record
+	seq int64
+	gen uint16
+}
+
+// buildInto builds the messages of s.build into buf. It runs without s.mu:
+// building is most of the cost of a delivery, and acks of other messages
+// need s.mu meanwhile. A partition revoked in between is caught by Valid
+// and by settle, as for any message delivered before a revoke.
+func (s *Source) buildInto(buf []*ackwise.Message) {
+	for i, b := range s.build {
+		buf[i] = s.message(b.p, b.r, b.seq, b.gen)
+	}
+	clear(s.build)
+	s.build = s.build[:0]
 }
 
 func retryDue(r *kgo.Record) time.Time {
@@ -510,19 +547,23 @@ func retryDue(r *kgo.Record) time.Time {
 	return time.Time{}
 }
 
-// message builds the Message of a record. Called with s.mu held (it uses
-// s.scratch). The key, the header values and the broker ID share one
-// string allocation.
-func (s *Source) message(p *partition, r *kgo.Record, seq int64) *ackwise.Message {
-	// Carve deliveries from a slab: one allocation per 64 records instead of
-	// one per record. A slab lives as long as any delivery in it is in flight.
-	if len(s.slab) == 0 {
-		s.slab = make([]delivery, 64)
+// message builds the Message of a record. Called by the goroutine calling
+// Receive (it uses s.scratch and the slabs). The key, the header values and
+// the broker ID share one string allocation; the Message, its receipt and
+// its headers are carved from slabs.
+func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ackwise.Message {
+	d, _ := s.free.Get().(*delivery)
+	if d == nil {
+		// One allocation per 64 records instead of one per record. A
+		// slab lives as long as any delivery in it is referenced.
+		if len(s.slab) == 0 {
+			s.slab = make([]delivery, 64)
+		}
+		d = &s.slab[0]
+		s.slab = s.slab[1:]
 	}
-	d := &s.slab[0]
-	s.slab = s.slab[1:]
 	m := &d.msg
-	d.rc = receipt{p: p, seq: seq, off: r.Offset, origTopic: r.Topic, origPart: r.Partition, origOff: r.Offset}
+	d.rc = receipt{p: p, seq: seq, gen: gen, off: r.Offset, origTopic: r.Topic, origPart: r.Partition, origOff: r.Offset, d: d}
 	m.Payload = r.Value
 	m.Source = r.Topic
 	m.Partition = r.Partition
@@ -552,8 +593,19 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64) *ackwise.Messag
 	if len(r.Key) > 0 {
 		m.Key = take(len(r.Key))
 	}
-	if len(r.Headers) > 0 {
-		h := make(ackwise.Headers, len(r.Headers))
+	if n := len(r.Headers); n > 0 {
+		// Full slice expressions: an append by the handler reallocates
+		// instead of writing over another message's headers.
+		var h ackwise.Headers
+		if n <= len(d.hdrs) {
+			h = d.hdrs[:0:n]
+		} else {
+			if len(s.hslab) < n {
+				s.hslab = make([]ackwise.Header, max(256, n))
+			}
+			h = s.hslab[:0:n]
+			s.hslab = s.hslab[n:]
+		}
 		for _, kv := range r.Headers {
 			k := kv.Key // franz-go already made it a string
 			v := take(len(kv.Value))
@@ -579,6 +631,8 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64) *ackwise.Messag
 					}
 					continue
 				}
+			case ackwise.HeaderEventID:
+				m.ID = v // the last one wins, as with Headers.Get
 			case ackwise.HeaderAttempt:
 				if n, err := strconv.Atoi(v); err == nil && n > 0 {
 					m.Attempt = n
@@ -588,10 +642,9 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64) *ackwise.Messag
 					m.FirstFailure = t
 				}
 			}
-			h[k] = v
+			h = append(h, ackwise.Header{Key: k, Value: v})
 		}
-		m.Headers = h
-		m.ID = h[ackwise.HeaderEventID]
+		m.Headers = h[:len(h):len(h)]
 	}
 	m.BrokerID = blob[i:]
 	if p.retry {
@@ -698,6 +751,23 @@ func (s *Source) rewind(p *partition) {
 	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.topic: {p.id: {Epoch: -1, Offset: off}}})
 }
 
+// Recycle hands msg's memory back for reuse by later deliveries. The engine
+// calls it when it is done with a message (settled or released, observed);
+// nothing may use msg after. Messages of another source, and a second
+// Recycle of the same message, are ignored.
+func (s *Source) Recycle(msg *ackwise.Message) {
+	if msg == nil {
+		return
+	}
+	rc, ok := msg.Handle.(*receipt)
+	if !ok || rc.d == nil || &rc.d.msg != msg || rc.p == nil {
+		return
+	}
+	d := rc.d
+	*d = delivery{} // drops the references to the record's memory
+	s.free.Put(d)
+}
+
 // ExtendLease does nothing: a partition owned by this member has no lease.
 func (s *Source) ExtendLease(context.Context, *ackwise.Message, time.Duration) error { return nil }
 
@@ -736,12 +806,12 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		rec.Key = []byte(msg.Key)
 	}
 	rec.Headers = make([]kgo.RecordHeader, 0, len(msg.Headers)+6)
-	for k, v := range msg.Headers {
-		switch k {
+	for _, kv := range msg.Headers {
+		switch kv.Key {
 		case ackwise.HeaderAttempt, ackwise.HeaderFirstFailure, HeaderRetryDue, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset:
 			continue
 		}
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})
 	}
 	first := msg.FirstFailure
 	if first.IsZero() {
@@ -759,7 +829,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		kgo.RecordHeader{Key: HeaderOriginalPartition, Value: []byte(strconv.FormatInt(int64(rc.origPart), 10))},
 		kgo.RecordHeader{Key: HeaderOriginalOffset, Value: []byte(strconv.FormatInt(rc.origOff, 10))},
 	)
-	if _, ok := msg.Headers[ackwise.HeaderEventID]; !ok && msg.ID != "" {
+	if _, ok := msg.Headers.Lookup(ackwise.HeaderEventID); !ok && msg.ID != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(msg.ID)})
 	}
 	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
@@ -784,15 +854,15 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 
 func deadLetterRecord(topic string, msg *ackwise.Message, env dlq.Envelope) *kgo.Record {
 	h := env.Apply(msg.Headers)
-	if _, ok := h[ackwise.HeaderEventID]; !ok && msg.ID != "" {
-		h[ackwise.HeaderEventID] = msg.ID
+	if !h.Has(ackwise.HeaderEventID) && msg.ID != "" {
+		h.Set(ackwise.HeaderEventID, msg.ID)
 	}
 	rec := &kgo.Record{Topic: topic, Value: msg.Payload, Headers: make([]kgo.RecordHeader, 0, len(h))}
 	if msg.Key != "" {
 		rec.Key = []byte(msg.Key)
 	}
-	for k, v := range h {
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: k, Value: []byte(v)})
+	for _, kv := range h {
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})
 	}
 	return rec
 }

@@ -23,7 +23,7 @@ func publishN(t *testing.T, sink *Sink, n int, key func(i int) string) []*ackwis
 	defer cancel()
 	msgs := make([]*ackwise.Message, n)
 	for i := range msgs {
-		msgs[i] = &ackwise.Message{ID: fmt.Sprintf("ev-%d", i), Key: key(i), Payload: []byte(strconv.Itoa(i)), Headers: ackwise.Headers{"x-seq": strconv.Itoa(i)}}
+		msgs[i] = &ackwise.Message{ID: fmt.Sprintf("ev-%d", i), Key: key(i), Payload: []byte(strconv.Itoa(i)), Headers: ackwise.HeadersOf("x-seq", strconv.Itoa(i))}
 	}
 	if err := sink.Publish(ctx, msgs...); err != nil {
 		t.Fatal(err)

@@ -210,11 +210,11 @@ func plainMessage(r *kgo.Record) *ackwise.Message {
 		BrokerID:    r.Topic + "/" + strconv.FormatInt(int64(r.Partition), 10) + "@" + strconv.FormatInt(r.Offset, 10),
 	}
 	if len(r.Headers) > 0 {
-		m.Headers = make(ackwise.Headers, len(r.Headers))
+		m.Headers = make(ackwise.Headers, 0, len(r.Headers))
 		for _, h := range r.Headers {
-			m.Headers[h.Key] = string(h.Value)
+			m.Headers = append(m.Headers, ackwise.Header{Key: h.Key, Value: string(h.Value)})
 		}
-		m.ID = m.Headers[ackwise.HeaderEventID]
+		m.ID = m.Headers.Get(ackwise.HeaderEventID)
 	}
 	return m
 }

@@ -569,7 +569,7 @@ func adaptersEventID(m *ackwise.Message) string {
 	if m.ID != "" {
 		return m.ID
 	}
-	return m.Headers[ackwise.HeaderEventID]
+	return m.Headers.Get(ackwise.HeaderEventID)
 }
 
 // copyHeaders returns a copy of h with the event ID header set to id when id
@@ -582,12 +582,10 @@ func copyHeaders(h ackwise.Headers, id string) ackwise.Headers {
 	if id != "" {
 		n++
 	}
-	c := make(ackwise.Headers, n)
-	for k, v := range h {
-		c[k] = v
-	}
+	c := make(ackwise.Headers, len(h), n)
+	copy(c, h)
 	if id != "" {
-		c[ackwise.HeaderEventID] = id
+		c.Set(ackwise.HeaderEventID, id)
 	}
 	return c
 }

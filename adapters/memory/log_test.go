@@ -129,14 +129,14 @@ func TestLogDeadLetterToTopicDLQ(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	src := tb.member(t, "ev", "g")
-	tb.publish(t, "ev", &ackwise.Message{ID: "e", Key: "k", Payload: []byte{9, 8}, Headers: ackwise.Headers{"a": "b"}})
+	tb.publish(t, "ev", &ackwise.Message{ID: "e", Key: "k", Payload: []byte{9, 8}, Headers: ackwise.HeadersOf("a", "b")})
 	m := recvOne(t, src)
 	env := dlq.New(m, dlq.ReasonMaxAttempts, errors.New("boom"), ackwise.ClassTransient, tb.clk.Now(), "c", "")
 	if err := src.DeadLetter(tb.ctx, m, env); err != nil {
 		t.Fatal(err)
 	}
 	dl := memorytest.RequireDeadLettered(t, tb.b, "ev", "e", dlq.ReasonMaxAttempts)
-	if dl.Event.To != "ev.dlq" || dl.Message == nil || !bytes.Equal(dl.Message.Payload, []byte{9, 8}) || dl.Message.Headers["a"] != "b" {
+	if dl.Event.To != "ev.dlq" || dl.Message == nil || !bytes.Equal(dl.Message.Payload, []byte{9, 8}) || dl.Message.Headers.Get("a") != "b" {
 		t.Fatalf("dead letter %+v / %+v", dl.Event, dl.Message)
 	}
 	dec, err := dlq.Decode(dl.Message.Headers)

@@ -22,17 +22,17 @@ func TestQueuePublishReceiveAck(t *testing.T) {
 	src := tb.queue(t, "orders", memory.QueueConfig{})
 
 	payload := []byte("hello")
-	hdr := ackwise.Headers{"x": "1"}
+	hdr := ackwise.HeadersOf("x", "1")
 	tb.publish(t, "orders", &ackwise.Message{ID: "e1", Key: "k", Payload: payload, Headers: hdr})
 	// The caller may reuse its buffers at once.
 	payload[0] = 'J'
-	hdr["x"] = "2"
+	hdr.Set("x", "2")
 
 	m := recvOne(t, src)
 	if m.ID != "e1" || m.Key != "k" || string(m.Payload) != "hello" {
 		t.Fatalf("got %+v", m)
 	}
-	if m.Headers["x"] != "1" || m.Headers[ackwise.HeaderEventID] != "e1" {
+	if m.Headers.Get("x") != "1" || m.Headers.Get(ackwise.HeaderEventID) != "e1" {
 		t.Fatalf("headers = %v", m.Headers)
 	}
 	if m.Attempt != 1 || m.Source != "orders" || m.Partition != -1 || m.Offset != -1 || m.BrokerID == "" {
@@ -66,7 +66,7 @@ func TestQueueEmptyIDKeepsHeaders(t *testing.T) {
 	tb := setup(t)
 	src := tb.queue(t, "q", memory.QueueConfig{})
 	tb.publish(t, "q", &ackwise.Message{Payload: []byte("a")},
-		&ackwise.Message{Headers: ackwise.Headers{ackwise.HeaderEventID: "from-header"}},
+		&ackwise.Message{Headers: ackwise.HeadersOf(ackwise.HeaderEventID, "from-header")},
 		&ackwise.Message{Payload: []byte{}})
 	got := recv(t, src, 3)
 	if got[0].ID != "" || got[0].Headers != nil {
@@ -346,7 +346,7 @@ func TestQueueMaxReceivesRedrive(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	src := tb.queue(t, "q", memory.QueueConfig{Lease: time.Second, MaxReceives: 3})
-	tb.publish(t, "q", &ackwise.Message{ID: "a", Payload: []byte{0, 1, 2}, Headers: ackwise.Headers{"h": "v"}})
+	tb.publish(t, "q", &ackwise.Message{ID: "a", Payload: []byte{0, 1, 2}, Headers: ackwise.HeadersOf("h", "v")})
 	for attempt := 1; attempt <= 3; attempt++ {
 		m := recvOne(t, src)
 		if m.ID != "a" || m.Attempt != attempt {
@@ -365,7 +365,7 @@ func TestQueueMaxReceivesRedrive(t *testing.T) {
 	if dl.Event.Envelope != nil || dl.Event.To != "q.dlq" || dl.Event.Attempt != 3 {
 		t.Fatalf("dead-letter event = %v", dl.Event)
 	}
-	if dl.Message == nil || !bytes.Equal(dl.Message.Payload, []byte{0, 1, 2}) || dl.Message.Headers["h"] != "v" || dl.Message.Headers[dlq.HeaderReason] != "" {
+	if dl.Message == nil || !bytes.Equal(dl.Message.Payload, []byte{0, 1, 2}) || dl.Message.Headers.Get("h") != "v" || dl.Message.Headers.Get(dlq.HeaderReason) != "" {
 		t.Fatalf("dead letter = %+v", dl.Message)
 	}
 	if st := mustStats(t, tb.b, "q"); st.DeadLettered != 1 {
@@ -402,7 +402,7 @@ func TestQueueDeadLetter(t *testing.T) {
 	tb := setup(t)
 	src := tb.queue(t, "orders", memory.QueueConfig{})
 	payload := []byte{0xff, 0x00, 'x'}
-	tb.publish(t, "orders", &ackwise.Message{ID: "e1", Key: "k", Payload: payload, Headers: ackwise.Headers{"traceparent": "00-abc"}})
+	tb.publish(t, "orders", &ackwise.Message{ID: "e1", Key: "k", Payload: payload, Headers: ackwise.HeadersOf("traceparent", "00-abc")})
 	m := recvOne(t, src)
 	env := dlq.New(m, dlq.ReasonPermanent, errors.New("bad payload"), ackwise.ClassPermanent, tb.clk.Now(), "billing", "v1")
 	if err := src.DeadLetter(tb.ctx, m, env); err != nil {
@@ -419,7 +419,7 @@ func TestQueueDeadLetter(t *testing.T) {
 	if got == nil || !bytes.Equal(got.Payload, payload) || got.Key != "k" || got.ID != "e1" {
 		t.Fatalf("dead letter = %+v", got)
 	}
-	if got.Headers["traceparent"] != "00-abc" || got.Headers[ackwise.HeaderEventID] != "e1" {
+	if got.Headers.Get("traceparent") != "00-abc" || got.Headers.Get(ackwise.HeaderEventID) != "e1" {
 		t.Fatalf("original headers lost: %v", got.Headers)
 	}
 	dec, err := dlq.Decode(got.Headers)

@@ -70,5 +70,5 @@ func harness(qt QueueType) adaptertest.Harness {
 // deliveryMessage decodes a dead letter read with basic.get.
 func deliveryMessage(d amqp.Delivery) *ackwise.Message {
 	h := fromTable(d.Headers)
-	return &ackwise.Message{ID: h[ackwise.HeaderEventID], Key: h[HeaderKey], Payload: d.Body, Headers: h, BrokerID: d.MessageId, Partition: -1, Offset: -1}
+	return &ackwise.Message{ID: h.Get(ackwise.HeaderEventID), Key: h.Get(HeaderKey), Payload: d.Body, Headers: h, BrokerID: d.MessageId, Partition: -1, Offset: -1}
 }

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -28,22 +29,24 @@ const (
 // toTable encodes headers as an AMQP table of strings.
 func toTable(h ackwise.Headers, extra int) amqp.Table {
 	t := make(amqp.Table, len(h)+extra)
-	for k, v := range h {
-		t[k] = v
+	for _, kv := range h {
+		t[kv.Key] = kv.Value
 	}
 	return t
 }
 
 // fromTable decodes the scalar entries of t into string headers. Tables and
 // arrays (x-death) stay only on the wire copy the receipt keeps, which moves
-// and dead letters carry forward unchanged.
+// and dead letters carry forward unchanged. An AMQP table has no order: the
+// headers come sorted by key.
 func fromTable(t amqp.Table) ackwise.Headers {
-	h := make(ackwise.Headers, len(t))
+	h := make(ackwise.Headers, 0, len(t))
 	for k, v := range t {
 		if s, ok := scalarString(v); ok {
-			h[k] = s
+			h = append(h, ackwise.Header{Key: k, Value: s})
 		}
 	}
+	slices.SortFunc(h, func(a, b ackwise.Header) int { return strings.Compare(a.Key, b.Key) })
 	return h
 }
 
@@ -162,15 +165,15 @@ func moveTable(orig amqp.Table, h ackwise.Headers, dropPrefix string) amqp.Table
 		}
 		t[k] = v
 	}
-	for k, v := range h {
+	for _, kv := range h {
 		// Keep the wire type of values the message did not change (an int
 		// header stays an int).
-		if ov, ok := t[k]; ok {
-			if s, ok := scalarString(ov); ok && s == v {
+		if ov, ok := t[kv.Key]; ok {
+			if s, ok := scalarString(ov); ok && s == kv.Value {
 				continue
 			}
 		}
-		t[k] = v
+		t[kv.Key] = kv.Value
 	}
 	delete(t, headerDeliveryCount)
 	delete(t, headerCC)

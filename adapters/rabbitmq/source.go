@@ -329,8 +329,8 @@ func (s *Source) message(ss *session, d amqp.Delivery, now time.Time) *ackwise.M
 	r := &receipt{s: ss, d: d, at: now}
 	h := fromTable(d.Headers)
 	m := &ackwise.Message{
-		ID:          h[ackwise.HeaderEventID],
-		Key:         h[HeaderKey],
+		ID:          h.Get(ackwise.HeaderEventID),
+		Key:         h.Get(HeaderKey),
 		Payload:     d.Body,
 		Headers:     h,
 		Source:      s.v.Queue,
@@ -344,7 +344,7 @@ func (s *Source) message(ss *session, d amqp.Delivery, now time.Time) *ackwise.M
 	if m.ID == "" {
 		m.ID = d.MessageId
 	}
-	if v, ok := h[ackwise.HeaderFirstFailure]; ok {
+	if v, ok := h.Lookup(ackwise.HeaderFirstFailure); ok {
 		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 			m.FirstFailure = t
 		}
@@ -464,16 +464,13 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	tier := s.tierFor(delay)
 	queue := s.v.waitQueues[tier]
 	h := msg.Headers.Clone()
-	if h == nil {
-		h = ackwise.Headers{}
-	}
-	h[ackwise.HeaderAttempt] = strconv.Itoa(max(msg.Attempt, 1) + 1)
-	if _, ok := h[ackwise.HeaderFirstFailure]; !ok {
+	h.Set(ackwise.HeaderAttempt, strconv.Itoa(max(msg.Attempt, 1)+1))
+	if !h.Has(ackwise.HeaderFirstFailure) {
 		first := msg.FirstFailure
 		if first.IsZero() {
 			first = time.Now()
 		}
-		h[ackwise.HeaderFirstFailure] = first.UTC().Format(time.RFC3339Nano)
+		h.Set(ackwise.HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
 	}
 	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, ""))}
 	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack"), r.s.dead); err != nil {

@@ -48,7 +48,7 @@ func TestKafkaRoundTrip(t *testing.T) {
 	defer sink.Close()
 	payload := []byte{0x00, 0xff, 0xc3, 0x28, '\n'}
 	for i := range 4 {
-		m := &ackwise.Message{ID: fmt.Sprint("e", i), Key: "k", Payload: payload, Headers: ackwise.Headers{"x-tenant": "acme"}}
+		m := &ackwise.Message{ID: fmt.Sprint("e", i), Key: "k", Payload: payload, Headers: ackwise.HeadersOf("x-tenant", "acme")}
 		if err := sink.Publish(ctx, m); err != nil {
 			t.Fatal(err)
 		}

@@ -259,7 +259,7 @@ func cmdInspect(ctx context.Context, args []string, stdout io.Writer) error {
 // fields, the error text last, quoted and cut to maxErrorLen runes.
 func letterLine(l dlq.Letter) string {
 	m, e := l.Message, l.Envelope
-	id := cmp.Or(m.ID, m.Headers[ackwise.HeaderEventID], "-")
+	id := cmp.Or(m.ID, m.Headers.Get(ackwise.HeaderEventID), "-")
 	if l.Err != nil {
 		return fmt.Sprintf("%s no-envelope broker-id=%s (%v)", id, cmp.Or(m.BrokerID, "-"), l.Err)
 	}
@@ -322,7 +322,7 @@ type letterOut struct {
 func letterJSON(l dlq.Letter) letterOut {
 	m, e := l.Message, l.Envelope
 	o := letterOut{
-		EventID:      cmp.Or(m.ID, m.Headers[ackwise.HeaderEventID]),
+		EventID:      cmp.Or(m.ID, m.Headers.Get(ackwise.HeaderEventID)),
 		Key:          m.Key,
 		BrokerID:     m.BrokerID,
 		PayloadBytes: len(m.Payload),

@@ -48,7 +48,7 @@ func (tb *testBundle) add(t *testing.T, id string, reason dlq.Reason, class ackw
 		Partition: -1, Offset: -1, MessageID: "m-" + id, Attempts: 3,
 		FirstFailure: lastFailure.Add(-time.Minute), LastFailure: lastFailure, Consumer: "billing",
 	}
-	msg := &ackwise.Message{ID: id, Key: "k", Payload: []byte("payload-" + id), Headers: env.Apply(ackwise.Headers{"x-tenant": "acme"})}
+	msg := &ackwise.Message{ID: id, Key: "k", Payload: []byte("payload-" + id), Headers: env.Apply(ackwise.HeadersOf("x-tenant", "acme"))}
 	memorytest.Publish(t, tb.b, tb.dead, msg)
 }
 
@@ -200,10 +200,11 @@ func TestRedrive(t *testing.T) {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	msgs, err := tb.b.Messages(tb.work)
-	if err != nil || len(msgs) != 2 || msgs[0].ID != "p0" || string(msgs[0].Payload) != "payload-p0" || msgs[0].Headers["x-tenant"] != "acme" {
+	if err != nil || len(msgs) != 2 || msgs[0].ID != "p0" || string(msgs[0].Payload) != "payload-p0" || msgs[0].Headers.Get("x-tenant") != "acme" {
 		t.Fatalf("work queue: %v %v", msgs, err)
 	}
-	for k := range msgs[0].Headers {
+	for _, kv := range msgs[0].Headers {
+		k := kv.Key
 		if strings.HasPrefix(k, dlq.HeaderPrefix) {
 			t.Fatalf("redriven message kept %s", k)
 		}

@@ -44,7 +44,7 @@ func deliver(ctx context.Context, t testing.TB, h ackwise.Handler, msg *ackwise.
 }
 
 func msgFor(id string) *ackwise.Message {
-	return &ackwise.Message{ID: id, Headers: ackwise.Headers{ackwise.HeaderEventID: id}, Source: "inboxtest", Partition: -1, Offset: -1, Attempt: 1}
+	return &ackwise.Message{ID: id, Headers: ackwise.HeadersOf(ackwise.HeaderEventID, id), Source: "inboxtest", Partition: -1, Offset: -1, Attempt: 1}
 }
 
 func unique(t testing.TB) string {

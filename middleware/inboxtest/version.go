@@ -13,9 +13,7 @@ import (
 
 func versionMsg(agg string, v int64) *ackwise.Message {
 	id := agg + "@" + strconv.FormatInt(v, 10)
-	return &ackwise.Message{ID: id, Key: agg, Headers: ackwise.Headers{
-		ackwise.HeaderEventID: id, ackwise.HeaderAggregateVersion: strconv.FormatInt(v, 10),
-	}, Partition: -1, Offset: -1, Attempt: 1}
+	return &ackwise.Message{ID: id, Key: agg, Headers: ackwise.HeadersOf(ackwise.HeaderEventID, id, ackwise.HeaderAggregateVersion, strconv.FormatInt(v, 10)), Partition: -1, Offset: -1, Attempt: 1}
 }
 
 func gate(t testing.TB, store middleware.VersionStore, consumer string, h ackwise.HandlerFunc) ackwise.Handler {

@@ -31,7 +31,7 @@ func TestVersionConformance(t *testing.T) {
 }
 
 func msgFor(id string) *ackwise.Message {
-	return &ackwise.Message{ID: id, Headers: ackwise.Headers{ackwise.HeaderEventID: id}, Partition: -1, Offset: -1, Attempt: 1}
+	return &ackwise.Message{ID: id, Headers: ackwise.HeadersOf(ackwise.HeaderEventID, id), Partition: -1, Offset: -1, Attempt: 1}
 }
 
 // effectHandler inserts one effect row through the inbox transaction, then
@@ -308,7 +308,7 @@ func TestInboxAndGateShareTransaction(t *testing.T) {
 	}), in, gate)
 	msg := msgFor("acct-1@7")
 	msg.Key = "acct-1"
-	msg.Headers[ackwise.HeaderAggregateVersion] = "7"
+	msg.Headers.Set(ackwise.HeaderAggregateVersion, "7")
 	vkey := middleware.VersionKey{Consumer: "proj", Aggregate: "acct-1"}
 	ikey := middleware.InboxKey{Consumer: "proj", EventID: "acct-1@7"}
 
@@ -348,7 +348,7 @@ func TestInboxAndGateShareTransaction(t *testing.T) {
 	}, gate)
 	m2 := msgFor("acct-2@1")
 	m2.Key = "acct-2"
-	m2.Headers[ackwise.HeaderAggregateVersion] = "1"
+	m2.Headers.Set(ackwise.HeaderAggregateVersion, "1")
 	if err := probe.Handle(t.Context(), m2); err != nil {
 		t.Fatal(err)
 	}
@@ -618,7 +618,7 @@ func TestTwoStoresOnOnePoolShareTransaction(t *testing.T) {
 	}, gate)
 	msg := msgFor("acct-1@7")
 	msg.Key = "acct-1"
-	msg.Headers[ackwise.HeaderAggregateVersion] = "7"
+	msg.Headers.Set(ackwise.HeaderAggregateVersion, "7")
 	if err := h.Handle(t.Context(), msg); err == nil {
 		t.Fatal("first attempt: no error, want the handler's")
 	}

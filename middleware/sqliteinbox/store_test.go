@@ -166,7 +166,7 @@ func TestInboxAndGateShareTransaction(t *testing.T) {
 		return nil
 	}), in, gate)
 	msg := msgFor("a@3")
-	msg.Key, msg.Headers = "a", ackwise.Headers{ackwise.HeaderAggregateVersion: "3"}
+	msg.Key, msg.Headers = "a", ackwise.HeadersOf(ackwise.HeaderAggregateVersion, "3")
 	if err := h.Handle(t.Context(), msg); !errors.Is(err, boom) {
 		t.Fatalf("got %v, want boom", err)
 	}
@@ -385,7 +385,7 @@ func TestTwoStoresOnOneDBShareTransaction(t *testing.T) {
 		return nil
 	}), in, gate)
 	msg := msgFor("a@3")
-	msg.Key, msg.Headers = "a", ackwise.Headers{ackwise.HeaderAggregateVersion: "3"}
+	msg.Key, msg.Headers = "a", ackwise.HeadersOf(ackwise.HeaderAggregateVersion, "3")
 	// Bounded well below the busy timeout, so the old behaviour fails fast.
 	ctx, cancel := context.WithTimeout(t.Context(), sqliteinbox.DefaultBusyTimeout/4)
 	defer cancel()

@@ -151,7 +151,7 @@ func TestDeadLetterHelpers(t *testing.T) {
 		t.Fatalf("dead letter %+v", dl)
 	}
 	dl = memorytest.RequireDeadLettered(t, tb.b, "orders", "e1", "")
-	if dl.Message.Headers[dlq.HeaderConsumer] != "svc" {
+	if dl.Message.Headers.Get(dlq.HeaderConsumer) != "svc" {
 		t.Fatalf("headers %v", dl.Message.Headers)
 	}
 	mustFail(t, func(tb2 testing.TB) {
