@@ -88,7 +88,7 @@ func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32
 
 // BenchmarkKafkaConsumeCommit consumes b.N records with a no-op handler and
 // commits them, side by side: the raw franz-go poll/handle/commit loop (the
-// ceiling), the ackwise source driven directly (Receive/Ack), the ackwise
+// ceiling), the ackwise source driven directly (Receive, Ack, Recycle), the ackwise
 // engine on the source (what users run), and Watermill's Kafka subscriber
 // (Sarama). Each op is one record; joining the group and the final commit
 // are inside the timer for all.
@@ -149,6 +149,7 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 				if err := src.Ack(ctx, m); err != nil {
 					b.Fatal(err)
 				}
+				src.Recycle(m)
 			}
 			n += k
 		}

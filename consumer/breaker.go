@@ -3,6 +3,7 @@ package consumer
 import (
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ackwise/ackwise"
@@ -70,11 +71,15 @@ type breakerState struct {
 	cfg        Breaker
 	keys       map[string]struct{} // keys failing in a row since the last success
 	open       bool
-	held       []*ackwise.Message
+	held       []task
 	probe      ackwise.Timer
 	probeDelay time.Duration
 	probing    *ackwise.Message
 	trips      int
+	// engaged is whether a success has anything to reset: keys is not
+	// empty or the breaker is open. Written under Consumer.mu; read without
+	// it so that a success takes no lock while nothing is failing.
+	engaged atomic.Bool
 }
 
 func (b *breakerState) stopProbe() {
@@ -96,38 +101,46 @@ func breakerKey(msg *ackwise.Message) string {
 
 // breakerSuccess records a success: it resets the failure run and closes an
 // open breaker, running the held messages again.
+//
+// A success racing with another worker's failure may see no failure yet and
+// not reset it: the two have no order anyway.
 func (c *Consumer) breakerSuccess() {
+	b := c.breaker
+	if !b.engaged.Load() {
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	b := c.breaker
 	if len(b.keys) > 0 {
 		clear(b.keys)
 	}
 	if !b.open {
+		b.engaged.Store(false)
 		return
 	}
 	b.open = false
+	b.engaged.Store(false)
 	b.probing = nil
 	b.stopProbe()
 	c.log.Info("breaker closed: dependency answered again; resuming", slog.Int("held", len(b.held)))
-	for _, m := range b.held {
-		c.work <- m
-	}
+	c.queueLocked(b.held...)
 	clear(b.held)
 	b.held = b.held[:0]
 	c.signalSpace()
 }
 
-// breakerFailure records a transient failure of msg. It returns true when
-// the breaker is (now) open and msg is held.
-func (c *Consumer) breakerFailure(msg *ackwise.Message) bool {
+// breakerFailure records a transient failure of t's message. It returns
+// true when the breaker is (now) open and the message is held.
+func (c *Consumer) breakerFailure(t task) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.breaker
+	msg := t.msg
 	if c.stopping.Load() {
 		return false
 	}
 	if !b.open {
+		b.engaged.Store(true)
 		b.keys[breakerKey(msg)] = struct{}{}
 		if len(b.keys) < b.cfg.Threshold {
 			return false
@@ -141,7 +154,7 @@ func (c *Consumer) breakerFailure(msg *ackwise.Message) bool {
 		b.probing = nil
 		b.probeDelay = min(2*b.probeDelay, b.cfg.MaxProbeInterval)
 	}
-	b.held = append(b.held, msg)
+	b.held = append(b.held, t)
 	if b.probing == nil && b.probe == nil {
 		b.probe = c.clock.AfterFunc(b.probeDelay, c.runProbe)
 	}
@@ -165,6 +178,7 @@ func (c *Consumer) probeEnded() {
 		return
 	}
 	b.open = false
+	b.engaged.Store(len(b.keys) > 0)
 	b.stopProbe()
 	c.signalSpace()
 }
@@ -178,7 +192,8 @@ func (c *Consumer) runProbe() {
 	if !b.open || c.stopping.Load() || len(b.held) == 0 {
 		return
 	}
-	b.probing = b.held[0]
+	t := b.held[0]
 	b.held = b.held[1:]
-	c.work <- b.probing
+	b.probing = t.msg
+	c.queueLocked(t)
 }

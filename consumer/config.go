@@ -91,8 +91,11 @@ type Config struct {
 	// Default empty (header left out).
 	Version string
 
-	// Concurrency is the number of handlers running at once. Default
-	// DefaultConcurrency (4).
+	// Concurrency is the most handlers running at once. Default
+	// DefaultConcurrency (4). The engine runs that many workers; when
+	// handlers are cheaper than handing a message to another goroutine, the
+	// receiving goroutine runs them itself, taking one of the Concurrency
+	// places while it does.
 	Concurrency int
 	// MaxInFlight bounds the messages received and not yet settled: running,
 	// waiting for their key, or waiting in place for a retry. It must be at

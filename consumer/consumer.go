@@ -26,6 +26,7 @@ var ErrDrainTimeout = errors.New("consumer: drain timed out: handlers still runn
 // Consumer runs a handler on the messages of one source. Create it with New.
 type Consumer struct {
 	src       adapters.Source
+	recycler  adapters.Recycler // src, when it reuses messages; else nil
 	caps      adapters.Capabilities
 	cfg       Config
 	h         ackwise.Handler
@@ -36,34 +37,39 @@ type Consumer struct {
 	stats     counters
 	running   atomic.Bool
 
-	// work carries messages ready to run. Its capacity is MaxInFlight and it
-	// only ever holds in-flight messages, so sends never block.
-	work chan *ackwise.Message
+	// work carries chunks of tasks ready to run. Its capacity is
+	// MaxInFlight and every chunk on it holds at least one in-flight message
+	// that no other chunk holds, so sends never block.
+	work chan *chunk
+	// slots holds a token per handler running: Concurrency at most, between
+	// the workers and the receive loop running messages inline.
+	slots   chan struct{}
+	workers []*workerState // set by Run before its goroutines start
+	pace    pace
 
-	mu        sync.Mutex
-	inflight  int
-	lanes     map[laneKey]*lane
-	freeLanes []*lane
-	space     chan struct{}                      // signalled when in-flight drops below the limit
-	stopping  atomic.Bool                        // written under mu, read without it
-	drained   chan struct{}                      // closed when in-flight reaches 0 while stopping
-	waiting   map[*ackwise.Message]ackwise.Timer // in-place retries
-	leases    map[*ackwise.Message]time.Time     // when the lease was last set
-	breaker   *breakerState
-	settleCtx context.Context // set by Run before its goroutines start
+	mu          sync.Mutex
+	inflight    int
+	keyLanes    map[string]*lane  // OrderKey
+	partLanes   map[partKey]*lane // OrderPartition
+	laneLimit   int               // lanes kept before idle ones are dropped
+	freeLanes   []*lane
+	freeChunks  []*chunk
+	space       chan struct{}                  // signalled when in-flight drops below the limit
+	stopping    atomic.Bool                    // written under mu, read without it
+	drained     chan struct{}                  // closed when in-flight reaches 0 while stopping
+	waiting     map[*ackwise.Message]waitEntry // in-place retries
+	leases      map[*ackwise.Message]time.Time // when the lease was last set
+	breaker     *breakerState
+	settleCtx   context.Context // set by Run before its goroutines start
+	handlerCtx  context.Context // set by Run before its goroutines start
+	readyBuf    []task          // dispatch's scratch, owned by the receive loop
+	dispatchBuf []*chunk        // dispatch's scratch, owned by the receive loop
 }
 
-// laneKey names the messages that must run one at a time.
-type laneKey struct {
-	source    string
-	partition int32
-	key       string
-}
-
-// lane is the queue of messages of one key waiting for the one running.
-type lane struct {
-	queue []*ackwise.Message
-	head  int
+// waitEntry is a message waiting in place for its retry.
+type waitEntry struct {
+	timer ackwise.Timer
+	ln    *lane
 }
 
 // New creates a consumer that runs h on the messages of src. It validates
@@ -82,15 +88,23 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	}
 	cfg = cfg.withDefaults()
 	caps := src.Capabilities()
+	recycler, _ := src.(adapters.Recycler)
 	c := &Consumer{
-		src:   src,
-		caps:  caps,
-		cfg:   cfg,
-		clock: cfg.Clock,
-		log:   cfg.Logger.With(slog.String("consumer", cfg.Name)),
-		lanes: make(map[laneKey]*lane),
-		space: make(chan struct{}, 1),
+		src:      src,
+		recycler: recycler,
+		caps:     caps,
+		cfg:      cfg,
+		clock:    cfg.Clock,
+		log:      cfg.Logger.With(slog.String("consumer", cfg.Name)),
+		space:    make(chan struct{}, 1),
 	}
+	switch cfg.Ordering {
+	case OrderKey:
+		c.keyLanes = make(map[string]*lane)
+	case OrderPartition:
+		c.partLanes = make(map[partKey]*lane)
+	}
+	c.laneLimit = max(4*cfg.MaxInFlight, minLaneLimit)
 	switch cfg.RetryMode {
 	case RetryBroker:
 		if !caps.Delay {
@@ -171,19 +185,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.settleCtx = context.WithoutCancel(ctx)
 	handlerCtx, cancelHandlers := context.WithCancel(c.settleCtx)
 	defer cancelHandlers()
+	c.handlerCtx = handlerCtx
 	c.mu.Lock()
 	c.stopping.Store(false)
 	c.drained = make(chan struct{})
 	c.mu.Unlock()
-	c.work = make(chan *ackwise.Message, c.cfg.MaxInFlight)
+	c.work = make(chan *chunk, c.cfg.MaxInFlight)
+	c.slots = make(chan struct{}, c.cfg.Concurrency)
+	c.pace.reset()
 
 	quit := make(chan struct{})
 	var workers sync.WaitGroup
-	for range c.cfg.Concurrency {
+	// The last worker state is the receive loop's, for inline runs.
+	c.workers = make([]*workerState, c.cfg.Concurrency+1)
+	for i := range c.workers {
+		c.workers[i] = &workerState{}
+	}
+	for _, w := range c.workers[:c.cfg.Concurrency] {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			c.worker(handlerCtx, quit)
+			c.worker(handlerCtx, w, quit)
 		}()
 	}
 	var hb sync.WaitGroup
@@ -194,8 +216,21 @@ func (c *Consumer) Run(ctx context.Context) error {
 			c.heartbeatLoop(handlerCtx, quit)
 		}()
 	}
-
-	recvErr := c.receiveLoop(ctx)
+	// The receive loop runs on its own goroutine: it may be running a
+	// handler inline when ctx ends, and the drain must start anyway.
+	workers.Add(1)
+	recvDone := make(chan error, 1)
+	go func() {
+		defer workers.Done()
+		recvDone <- c.receiveLoop(ctx, c.workers[c.cfg.Concurrency])
+	}()
+	var recvErr error
+	recvEnded := false
+	select {
+	case recvErr = <-recvDone:
+		recvEnded = true
+	case <-ctx.Done():
+	}
 
 	// Drain (invariant 7).
 	c.stop()
@@ -213,30 +248,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}()
 		return err
 	}
+	if !recvEnded {
+		recvErr = <-recvDone
+	}
 	workers.Wait()
 	hb.Wait()
 	c.running.Store(false)
 	return recvErr
 }
 
-// releaseQueued releases every message waiting on the work queue and behind
-// it in its lane, after the drain deadline.
-func (c *Consumer) releaseQueued() {
-	for {
-		select {
-		case msg := <-c.work:
-			for msg != nil {
-				c.release(msg)
-				msg = c.finish(msg)
-			}
-		default:
-			return
-		}
-	}
-}
-
 // receiveLoop fills free in-flight slots from the source until ctx is done.
-func (c *Consumer) receiveLoop(ctx context.Context) error {
+// w is its worker state for the messages it runs inline.
+func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 	buf := make([]*ackwise.Message, c.cfg.ReceiveBatch)
 	var errBackoff time.Duration
 	for {
@@ -251,7 +274,7 @@ func (c *Consumer) receiveLoop(ctx context.Context) error {
 		if n > 0 {
 			errBackoff = 0
 			c.stats.received.Add(uint64(n))
-			c.dispatch(buf[:n])
+			c.dispatch(buf[:n], w)
 			clear(buf[:n])
 		} else if err == nil && ctx.Err() == nil {
 			// The contract says Receive blocks for at least one message;
@@ -316,133 +339,29 @@ func (c *Consumer) signalSpace() {
 	}
 }
 
-func (c *Consumer) laneOf(msg *ackwise.Message) (laneKey, bool) {
-	switch c.cfg.Ordering {
-	case OrderKey:
-		if msg.Key == "" {
-			return laneKey{}, false
-		}
-		return laneKey{key: msg.Key}, true
-	case OrderPartition:
-		return laneKey{source: msg.Source, partition: msg.Partition}, true
-	}
-	return laneKey{}, false
-}
+// result is what process did with a message.
+type result int
 
-// dispatch queues received messages behind their key or hands them to the
-// workers. It reorders msgs, which the receive loop owns: the messages ready
-// to run are moved to its front and sent after the lock is released, so
-// workers finishing other messages do not wait for the sends.
-func (c *Consumer) dispatch(msgs []*ackwise.Message) {
-	now := time.Time{}
-	if c.heartbeat {
-		now = c.clock.Now()
-	}
-	ready := 0
-	c.mu.Lock()
-	c.inflight += len(msgs)
-	for _, m := range msgs {
-		if m.Attempt < 1 {
-			m.Attempt = 1
-		}
-		if c.heartbeat {
-			c.leases[m] = now
-		}
-		if k, ordered := c.laneOf(m); ordered {
-			if l, busy := c.lanes[k]; busy {
-				l.queue = append(l.queue, m)
-				continue
-			}
-			c.lanes[k] = c.newLane()
-		}
-		msgs[ready] = m
-		ready++
-	}
-	c.mu.Unlock()
-	// The work queue holds only in-flight messages and has room for
-	// MaxInFlight: these sends never block.
-	for _, m := range msgs[:ready] {
-		c.work <- m
-	}
-}
+const (
+	settled   result = iota // settled or released: the caller finishes it
+	held                    // still in flight: waiting in place or held by the breaker
+	succeeded               // the handler returned nil: the caller acks it, then finishes it
+)
 
-func (c *Consumer) newLane() *lane {
-	if n := len(c.freeLanes); n > 0 {
-		l := c.freeLanes[n-1]
-		c.freeLanes = c.freeLanes[:n-1]
-		return l
-	}
-	return &lane{}
-}
-
-// finish is called when msg is settled or released. It returns the next
-// message of msg's lane, which the caller runs next, or nil.
-func (c *Consumer) finish(msg *ackwise.Message) *ackwise.Message {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.heartbeat {
-		delete(c.leases, msg)
-	}
-	c.inflight--
-	c.signalSpace()
-	if c.stopping.Load() && c.inflight == 0 {
-		close(c.drained)
-	}
-	if b := c.breaker; b != nil && msg == b.probing {
-		c.probeEnded()
-	}
-	k, ordered := c.laneOf(msg)
-	if !ordered {
-		return nil
-	}
-	l := c.lanes[k]
-	if l == nil {
-		return nil
-	}
-	if l.head < len(l.queue) {
-		next := l.queue[l.head]
-		l.queue[l.head] = nil
-		l.head++
-		return next
-	}
-	delete(c.lanes, k)
-	l.queue, l.head = l.queue[:0], 0
-	if cap(l.queue) > 64 {
-		l.queue = nil
-	}
-	c.freeLanes = append(c.freeLanes, l)
-	return nil
-}
-
-func (c *Consumer) worker(ctx context.Context, quit <-chan struct{}) {
-	for {
-		select {
-		case msg := <-c.work:
-			for msg != nil {
-				if c.process(ctx, msg) {
-					break // waits in place; its lane stays held
-				}
-				msg = c.finish(msg)
-			}
-		case <-quit:
-			return
-		}
-	}
-}
-
-// process runs msg and settles it. It returns true when msg stays in flight
-// waiting for an in-place retry.
-func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
+// process runs t's message and settles it, except a success, which the
+// caller acks (so that a worker acks the messages of a chunk together).
+// elapsed is the handler's run time when an Observer wants it.
+func (c *Consumer) process(ctx context.Context, t task) (res result, elapsed time.Duration) {
+	msg := t.msg
 	if c.stopping.Load() || !c.src.Valid(msg) {
 		c.release(msg)
-		return false
+		return settled, 0
 	}
 	var start time.Time
 	if c.cfg.Observer != nil {
 		start = time.Now()
 	}
 	err := c.invoke(ctx, msg)
-	var elapsed time.Duration
 	if c.cfg.Observer != nil {
 		elapsed = time.Since(start)
 	}
@@ -450,15 +369,14 @@ func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
 		if c.breaker != nil {
 			c.breakerSuccess()
 		}
-		c.settle(msg, Acked, elapsed, c.src.Ack(c.settleCtx, msg))
-		return false
+		return succeeded, elapsed
 	}
 	if ctx.Err() != nil {
 		// The engine cancelled the handler at the drain deadline: whatever
 		// it returned, the work did not finish, so the message is not
 		// settled (invariant 7).
 		c.release(msg)
-		return false
+		return settled, 0
 	}
 	cl := ackwise.Classify(err, c.cfg.Classifiers...)
 	var panicked *panicError
@@ -468,11 +386,15 @@ func (c *Consumer) process(ctx context.Context, msg *ackwise.Message) bool {
 			cl.Class = ackwise.ClassTransient
 		}
 	}
-	return c.fail(ctx, msg, err, cl, elapsed)
+	if c.fail(t, err, cl, elapsed) {
+		return held, 0
+	}
+	return settled, 0
 }
 
 // fail settles a failed message according to its class.
-func (c *Consumer) fail(ctx context.Context, msg *ackwise.Message, err error, cl ackwise.Classification, elapsed time.Duration) bool {
+func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed time.Duration) bool {
+	msg := t.msg
 	sctx := c.settleCtx
 	now := c.clock.Now()
 	if msg.FirstFailure.IsZero() {
@@ -486,7 +408,7 @@ func (c *Consumer) fail(ctx context.Context, msg *ackwise.Message, err error, cl
 	case ackwise.ClassPermanent:
 		return c.deadLetter(sctx, msg, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
 	}
-	if c.breaker != nil && c.breakerFailure(msg) {
+	if c.breaker != nil && c.breakerFailure(t) {
 		// The dependency looks down: hold the message without spending an
 		// attempt; the breaker probes with it later.
 		return true
@@ -510,7 +432,7 @@ func (c *Consumer) fail(ctx context.Context, msg *ackwise.Message, err error, cl
 		// Observe before the wait is scheduled: once it is, the message may
 		// run again on another worker.
 		c.observe(msg, Retried, elapsed)
-		if !c.waitInPlace(msg, delay) {
+		if !c.waitInPlace(t, delay) {
 			c.release(msg)
 			return false
 		}
@@ -561,32 +483,32 @@ func (c *Consumer) release(msg *ackwise.Message) {
 	c.observe(msg, Released, 0)
 }
 
-// waitInPlace schedules msg to run again after delay. The message stays in
-// flight and its lane stays held. It returns false when the consumer is
-// stopping; the caller then releases msg.
-func (c *Consumer) waitInPlace(msg *ackwise.Message, delay time.Duration) bool {
+// waitInPlace schedules t's message to run again after delay. The message
+// stays in flight and its lane stays held. It returns false when the
+// consumer is stopping; the caller then releases the message.
+func (c *Consumer) waitInPlace(t task, delay time.Duration) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopping.Load() {
 		return false
 	}
 	if c.waiting == nil {
-		c.waiting = make(map[*ackwise.Message]ackwise.Timer)
+		c.waiting = make(map[*ackwise.Message]waitEntry)
 	}
-	c.waiting[msg] = c.clock.AfterFunc(delay, func() { c.wake(msg) })
+	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t) }), ln: t.ln}
 	return true
 }
 
 // wake puts a message whose in-place wait is over back on the work queue.
-func (c *Consumer) wake(msg *ackwise.Message) {
+func (c *Consumer) wake(t task) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.waiting[msg]; !ok {
+	if _, ok := c.waiting[t.msg]; !ok {
 		return // released by stop
 	}
-	delete(c.waiting, msg)
-	msg.Attempt++
-	c.work <- msg
+	delete(c.waiting, t.msg)
+	t.msg.Attempt++
+	c.queueLocked(t)
 }
 
 // stop begins the drain: no more handler starts, in-place waits are
@@ -595,21 +517,20 @@ func (c *Consumer) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopping.Store(true)
-	for msg, t := range c.waiting {
-		if t.Stop() {
+	for msg, w := range c.waiting {
+		if w.timer.Stop() {
 			delete(c.waiting, msg)
-			c.work <- msg // a worker releases it, finishing its lane
+			c.queueLocked(task{msg, w.ln}) // a worker releases it, finishing its lane
 		}
 	}
 	if b := c.breaker; b != nil {
 		b.stopProbe()
-		for _, msg := range b.held {
-			c.work <- msg
-		}
+		c.queueLocked(b.held...)
 		b.held = nil
 		// A new Run starts with the breaker closed.
 		b.open, b.probing = false, nil
 		clear(b.keys)
+		b.engaged.Store(false)
 	}
 	if c.inflight == 0 {
 		close(c.drained)

@@ -21,9 +21,6 @@ const (
 	// DefaultRevokeTimeout bounds how long a revocation waits for running
 	// handlers of the revoked partitions to settle before it commits.
 	DefaultRevokeTimeout = 10 * time.Second
-	// DefaultPollBatch is the most records taken from the client in one
-	// poll.
-	DefaultPollBatch = 1024
 	// DefaultDeadLetterSuffix is appended to the topic to name the
 	// dead-letter topic.
 	DefaultDeadLetterSuffix = ".dlq"
@@ -66,13 +63,20 @@ type Config struct {
 	// them. Zero means DefaultRevokeTimeout (10s); -1 means do not wait. It
 	// must stay below the group's rebalance timeout (franz-go default 60s).
 	RevokeTimeout time.Duration
-	// PollBatch is the most records the source takes from the client in one
-	// poll and holds until Receive hands them out (records of partitions
-	// revoked meanwhile are dropped). Taking a whole fetch at once lets the
-	// client fetch the next one while these are handled. It bounds the
-	// memory of polled records beyond what the engine holds. Zero means
-	// DefaultPollBatch (1024).
+	// PollBatch, when positive, is the most records the source takes from
+	// the client in one poll and holds until Receive hands them out
+	// (records of partitions revoked meanwhile are dropped). Zero, the
+	// default, takes everything the client has fetched: the client then
+	// fetches the next batch while these are handled, and the memory is
+	// bounded by FetchMaxBytes. A PollBatch smaller than a fetch makes the
+	// client wait for the rest of the fetch to be taken before it fetches
+	// again.
 	PollBatch int
+	// FetchMaxBytes is the most bytes the client fetches from a broker in
+	// one request (franz-go's FetchMaxBytes): with the fetch being handled,
+	// it bounds the memory of records held by the source, per broker, at
+	// about twice this. Zero means the client's default (50 MiB).
+	FetchMaxBytes int32
 	// StartOffset is where a group with no committed offset starts: "earliest"
 	// (the default) or "latest".
 	StartOffset string
@@ -132,9 +136,6 @@ func (c Config) withDefaults() Config {
 	if c.RevokeTimeout == 0 {
 		c.RevokeTimeout = DefaultRevokeTimeout
 	}
-	if c.PollBatch == 0 {
-		c.PollBatch = DefaultPollBatch
-	}
 	if c.DeadLetterTopic == "" && c.Topic != "" {
 		c.DeadLetterTopic = c.Topic + DefaultDeadLetterSuffix
 	}
@@ -185,7 +186,10 @@ func (c Config) validate(source bool) error {
 		return fmt.Errorf("kafka: Config.RevokeTimeout = %v: must be positive, 0 (default) or -1 (no wait)", c.RevokeTimeout)
 	}
 	if c.PollBatch < 0 {
-		return fmt.Errorf("kafka: Config.PollBatch = %d: must be positive (0 means %d)", c.PollBatch, DefaultPollBatch)
+		return fmt.Errorf("kafka: Config.PollBatch = %d: must be positive, or 0 to take whole fetches", c.PollBatch)
+	}
+	if c.FetchMaxBytes < 0 {
+		return fmt.Errorf("kafka: Config.FetchMaxBytes = %d: must be positive, or 0 for the client's default", c.FetchMaxBytes)
 	}
 	if c.StartOffset != "earliest" && c.StartOffset != "latest" {
 		return fmt.Errorf("kafka: Config.StartOffset = %q: want \"earliest\" or \"latest\"", c.StartOffset)

@@ -25,10 +25,11 @@
 // read_committed isolation: records of aborted transactions are never
 // delivered.
 //
-// Receive takes up to [Config.PollBatch] records from the client at once, so
-// that franz-go fetches the next batch while these are handled, and hands
-// them out len(buf) at a time; records of a partition revoked meanwhile are
-// dropped.
+// Receive takes everything the client has fetched at once (at most
+// [Config.PollBatch] records when set), so that franz-go fetches the next
+// batch while these are handled, and hands them out len(buf) at a time;
+// records of a partition revoked meanwhile are dropped. The records held are
+// bounded by [Config.FetchMaxBytes].
 //
 // A released record ([Source.Release]: shutdown, a settle that failed) is
 // never committed past; while this member keeps its partition, the source

@@ -338,7 +338,8 @@ func resumeLocked(cl *kgo.Client, tps map[string][]int32) {
 
 // Receive fills buf with up to len(buf) records: retry records that came due
 // first, then records of the last poll, then, when it delivered nothing, it
-// polls again (at most Config.PollBatch records) and waits. Records of a
+// polls again (everything fetched, or at most Config.PollBatch records) and
+// waits. Records of a
 // partition revoked since they were polled are dropped, never delivered.
 func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
 	if len(buf) == 0 {
@@ -365,7 +366,11 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		if !next.IsZero() {
 			pctx, cancel = context.WithDeadline(ctx, next)
 		}
-		fetches := s.cl.PollRecords(pctx, max(len(buf), s.cfg.PollBatch))
+		limit := -1 // everything fetched
+		if s.cfg.PollBatch > 0 {
+			limit = max(len(buf), s.cfg.PollBatch)
+		}
+		fetches := s.cl.PollRecords(pctx, limit)
 		if cancel != nil {
 			cancel()
 		}
@@ -562,25 +567,26 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 		d = &s.slab[0]
 		s.slab = s.slab[1:]
 	}
-	m := &d.msg
 	d.rc = receipt{p: p, seq: seq, gen: gen, off: r.Offset, origTopic: r.Topic, origPart: r.Partition, origOff: r.Offset, d: d}
-	m.Payload = r.Value
-	m.Source = r.Topic
-	m.Partition = r.Partition
-	m.Offset = r.Offset
-	m.Attempt = 1
-	m.PublishedAt = r.Timestamp
-	m.Handle = &d.rc
+	// Every field, in one assignment: a recycled delivery holds the last
+	// message's.
+	d.msg = ackwise.Message{
+		Payload:     r.Value,
+		Source:      r.Topic,
+		Partition:   r.Partition,
+		Offset:      r.Offset,
+		Attempt:     1,
+		PublishedAt: r.Timestamp,
+		Handle:      &d.rc,
+	}
+	m := &d.msg
 
 	b := s.scratch[:0]
 	b = append(b, r.Key...)
 	for _, kv := range r.Headers {
 		b = append(b, kv.Value...)
 	}
-	b = append(b, r.Topic...)
-	b = append(b, '/')
-	b = strconv.AppendInt(b, int64(r.Partition), 10)
-	b = append(b, '@')
+	b = append(b, p.idPrefix...)
 	b = strconv.AppendInt(b, r.Offset, 10)
 	s.scratch = b
 	blob := string(b)
@@ -763,8 +769,11 @@ func (s *Source) Recycle(msg *ackwise.Message) {
 	if !ok || rc.d == nil || &rc.d.msg != msg || rc.p == nil {
 		return
 	}
+	// message overwrites every field on reuse. Clearing the receipt and
+	// the handle makes a settle of the recycled message fail.
 	d := rc.d
-	*d = delivery{} // drops the references to the record's memory
+	d.rc = receipt{}
+	d.msg.Handle = nil
 	s.free.Put(d)
 }
 

@@ -3,6 +3,7 @@ package kafka
 import (
 	"slices"
 	"sort"
+	"strconv"
 	"sync/atomic"
 )
 
@@ -36,6 +37,8 @@ type partition struct {
 	id    int32
 	retry bool // a retry topic of the chain
 
+	idPrefix []byte // "topic/partition@" of the records' broker IDs; never changes
+
 	own atomic.Int32
 
 	ents []entry // ents[head:] are tracked
@@ -58,7 +61,8 @@ type partition struct {
 }
 
 func newPartition(topic string, id int32, retry bool) *partition {
-	return &partition{topic: topic, id: id, retry: retry, next: -1, commitOff: -1, commitEp: -1, committed: -1}
+	return &partition{topic: topic, id: id, retry: retry, next: -1, commitOff: -1, commitEp: -1, committed: -1,
+		idPrefix: []byte(topic + "/" + strconv.FormatInt(int64(id), 10) + "@")}
 }
 
 // track appends a record and returns its sequence number. A record held

@@ -137,6 +137,9 @@ func TestConfigValidation(t *testing.T) {
 		{"bad start", func(c *Config) { c.StartOffset = "middle" }, `Config.StartOffset = "middle"`},
 		{"negative commit interval", func(c *Config) { c.CommitInterval = -time.Second }, "Config.CommitInterval = -1s"},
 		{"bad revoke timeout", func(c *Config) { c.RevokeTimeout = -2 }, "Config.RevokeTimeout"},
+		{"negative poll batch", func(c *Config) { c.PollBatch = -1 }, "Config.PollBatch = -1"},
+		{"negative fetch max bytes", func(c *Config) { c.FetchMaxBytes = -1 }, "Config.FetchMaxBytes = -1"},
+		{"bounded poll", func(c *Config) { c.PollBatch, c.FetchMaxBytes = 100, 1<<20 }, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

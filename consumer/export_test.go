@@ -1,0 +1,21 @@
+package consumer
+
+// Test hooks: the hand-off pace.
+
+var paceNames = [...]string{modeSingle: "single", modeBatch: "batch", modeInline: "inline"}
+
+// PinPace fixes c's hand-off pace ("single", "batch" or "inline") for the
+// tests of each hand-off. Call it before Run.
+func PinPace(c *Consumer, name string) {
+	for m, n := range paceNames {
+		if n == name {
+			c.pace.fixed = true
+			c.pace.mode.Store(int32(m))
+			return
+		}
+	}
+	panic("unknown pace " + name)
+}
+
+// PaceOf returns c's current hand-off pace.
+func PaceOf(c *Consumer) string { return paceNames[c.pace.mode.Load()] }

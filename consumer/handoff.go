@@ -1,0 +1,546 @@
+package consumer
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/ackwise/ackwise"
+)
+
+// The hand-off from the receive loop to the handlers.
+//
+// The receive loop queues each received message behind the message in
+// flight of its lane (its key or partition) or, when its lane is idle,
+// passes it on as a task. How depends on the pace of the handlers, measured
+// as the average run time of a message (handler, settle, finish):
+//
+//   - single (slow handlers, the start): every task goes alone to a worker
+//     through the work queue, and is finished as soon as it settled: any
+//     idle worker takes the next one.
+//   - batch (fast handlers): the ready tasks go in chunks, one per worker;
+//     a worker runs its chunk back to back, acks the successes and finishes
+//     (frees in-flight slots and lanes, under one lock) every flushEvery
+//     messages and at the end of the chunk. The channel hand-off, the
+//     wake-up and the lock are then per chunk, not per message.
+//   - inline (handlers cheaper than a hand-off): the receive loop runs the
+//     ready tasks itself, as batch does, holding one of the Concurrency
+//     handler slots: moving a message to another core costs more than
+//     running it.
+//
+// A worker notices a slow message in a fast chunk at its next flush and
+// hands the rest of the chunk to the other workers one by one.
+
+const (
+	// maxChunk caps the tasks handed to a worker at once.
+	maxChunk = 64
+	// flushEvery is the most messages run before the ones that ran are
+	// acked and finished: a message that succeeded waits for at most
+	// flushEvery-1 messages after it in its chunk before it is acked and
+	// its lane and in-flight slot are freed.
+	flushEvery = 8
+
+	// Pace thresholds on the average run time of a message, with
+	// hysteresis. Samples are capped at sampleCap, so that one outlier (a
+	// preempted worker, a lone slow message) does not make the pace slow;
+	// two in a row do.
+	inlineBelow = 500 * time.Nanosecond
+	inlineAbove = time.Microsecond
+	fastBelow   = 10 * time.Microsecond
+	slowAbove   = 20 * time.Microsecond
+	sampleCap   = 100 * time.Microsecond
+
+	// minLaneLimit is the fewest lanes kept (idle ones included) before the
+	// idle ones are dropped; the limit is 4 × MaxInFlight when larger.
+	minLaneLimit = 1024
+)
+
+// partKey names the lane of a partition (OrderPartition).
+type partKey struct {
+	source    string
+	partition int32
+}
+
+// lane holds the messages of one key (or partition) that wait for the one in
+// flight. An idle lane stays in its map, so that the next message of its key
+// finds it without a map insert, until the map holds laneLimit lanes.
+type lane struct {
+	queue []*ackwise.Message
+	head  int
+	busy  bool // a message of the lane is in flight and not finished
+}
+
+// task is an in-flight message on its way to a handler, with its lane (nil
+// when the message is not ordered).
+type task struct {
+	msg *ackwise.Message
+	ln  *lane
+}
+
+// chunk is a batch of tasks for one worker. Its tasks are of different
+// lanes, so any worker may run any of them. They are claimed one at a time,
+// so that after the drain deadline the tasks a stuck worker has not started
+// can be taken and released by another goroutine (releaseQueued). tasks does
+// not change between the chunk's hand-off and its recycling.
+type chunk struct {
+	tasks []task
+	next  atomic.Int32
+}
+
+func (ch *chunk) claim() (task, bool) {
+	i := int(ch.next.Add(1)) - 1
+	if i >= len(ch.tasks) {
+		return task{}, false
+	}
+	return ch.tasks[i], true
+}
+
+func (ch *chunk) exhausted() bool { return int(ch.next.Load()) >= len(ch.tasks) }
+
+// workerState is what a worker (or the receive loop running inline) holds.
+type workerState struct {
+	active atomic.Pointer[chunk] // the chunk it runs; cleared under Consumer.mu
+	ran    []ran                 // ran, not yet finished
+}
+
+// ran is a task that ran and awaits its finish.
+type ran struct {
+	task
+	elapsed time.Duration
+	ack     bool // the handler succeeded: ack before finishing
+}
+
+// pace tells how long a message takes to run and picks the hand-off.
+type pace struct {
+	avg   atomic.Int64 // moving average of a message's run time, ns
+	mode  atomic.Int32
+	fixed bool // the mode is pinned (tests); set before Run
+}
+
+const (
+	modeSingle int32 = iota
+	modeBatch
+	modeInline
+)
+
+// reset starts single: a slow handler is never batched before it was timed.
+func (p *pace) reset() {
+	if p.fixed {
+		return
+	}
+	p.avg.Store(int64(slowAbove))
+	p.mode.Store(modeSingle)
+}
+
+// sample records that n messages ran in d. Concurrent samples may overwrite
+// one another: the average only needs to be roughly right.
+func (p *pace) sample(d time.Duration, n int) {
+	if p.fixed {
+		return
+	}
+	per := min(d/time.Duration(n), sampleCap)
+	avg := time.Duration(p.avg.Load())
+	avg += (per - avg) / 8
+	p.avg.Store(int64(avg))
+	m := p.mode.Load()
+	next := m
+	switch {
+	case avg > slowAbove:
+		next = modeSingle
+	case avg < inlineBelow:
+		next = modeInline
+	case m == modeInline && avg > inlineAbove, m == modeSingle && avg < fastBelow:
+		next = modeBatch
+	}
+	if next != m {
+		p.mode.Store(next)
+	}
+}
+
+// epoch anchors monotime.
+var epoch = time.Now()
+
+// monotime reads the monotonic clock only (time.Now reads the wall clock
+// too).
+func monotime() time.Duration { return time.Since(epoch) }
+
+// dispatch queues received messages behind their lane and runs the ready
+// ones inline or hands them to the workers, in chunks sent after the lock
+// is released. w is the receive loop's worker state, for inline runs.
+func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
+	now := time.Time{}
+	if c.heartbeat {
+		now = c.clock.Now()
+	}
+	ready := c.readyBuf[:0]
+	c.mu.Lock()
+	if c.stopping.Load() {
+		// Received as Run was stopping: they were never in flight.
+		c.mu.Unlock()
+		for _, m := range msgs {
+			c.release(m)
+		}
+		return
+	}
+	c.inflight += len(msgs)
+	for _, m := range msgs {
+		if m.Attempt < 1 {
+			m.Attempt = 1
+		}
+		if c.heartbeat {
+			c.leases[m] = now
+		}
+		ln := c.laneOf(m)
+		if ln != nil {
+			if ln.busy {
+				ln.queue = append(ln.queue, m)
+				continue
+			}
+			ln.busy = true
+		}
+		ready = append(ready, task{m, ln})
+	}
+	if len(ready) > 0 && c.pace.mode.Load() == modeInline {
+		select {
+		case c.slots <- struct{}{}:
+			ch := c.newChunkLocked()
+			ch.tasks = append(ch.tasks, ready...)
+			c.mu.Unlock()
+			clear(ready)
+			c.readyBuf = ready
+			for ch != nil {
+				ch = c.runChunk(c.handlerCtx, w, ch)
+			}
+			<-c.slots
+			return
+		default: // every slot is taken: hand off
+		}
+	}
+	chunks := c.dispatchBuf[:0]
+	size := c.chunkSize(len(ready))
+	for ts := ready; len(ts) > 0; {
+		k := min(size, len(ts))
+		ch := c.newChunkLocked()
+		ch.tasks = append(ch.tasks, ts[:k]...)
+		chunks = append(chunks, ch)
+		ts = ts[k:]
+	}
+	c.mu.Unlock()
+	// The work queue has room for MaxInFlight chunks and every chunk holds
+	// an in-flight message: these sends never block.
+	for _, ch := range chunks {
+		c.work <- ch
+	}
+	clear(ready)
+	clear(chunks)
+	c.readyBuf, c.dispatchBuf = ready, chunks
+}
+
+// chunkSize is the number of tasks per chunk when n are ready: one when
+// handlers are slow; otherwise enough to give every worker a chunk.
+func (c *Consumer) chunkSize(n int) int {
+	if c.pace.mode.Load() == modeSingle {
+		return 1
+	}
+	return max(1, min(maxChunk, (n+c.cfg.Concurrency-1)/c.cfg.Concurrency))
+}
+
+// queueLocked hands tasks to the workers. Called with c.mu held.
+func (c *Consumer) queueLocked(ts ...task) {
+	size := c.chunkSize(len(ts))
+	for len(ts) > 0 {
+		k := min(size, len(ts))
+		ch := c.newChunkLocked()
+		ch.tasks = append(ch.tasks, ts[:k]...)
+		c.work <- ch
+		ts = ts[k:]
+	}
+}
+
+func (c *Consumer) newChunkLocked() *chunk {
+	if n := len(c.freeChunks); n > 0 {
+		ch := c.freeChunks[n-1]
+		c.freeChunks[n-1] = nil
+		c.freeChunks = c.freeChunks[:n-1]
+		return ch
+	}
+	return &chunk{}
+}
+
+func (c *Consumer) recycleLocked(ch *chunk) {
+	clear(ch.tasks)
+	ch.tasks = ch.tasks[:0]
+	if cap(ch.tasks) > 2*maxChunk { // appends up to maxChunk tasks grow it to 2*maxChunk at most
+		ch.tasks = nil
+	}
+	ch.next.Store(0)
+	c.freeChunks = append(c.freeChunks, ch)
+}
+
+// laneOf returns msg's lane, creating it, or nil when msg is not ordered.
+// Called with c.mu held.
+func (c *Consumer) laneOf(msg *ackwise.Message) *lane {
+	switch c.cfg.Ordering {
+	case OrderKey:
+		if msg.Key == "" {
+			return nil
+		}
+		if ln := c.keyLanes[msg.Key]; ln != nil {
+			return ln
+		}
+		ln := c.newLaneLocked()
+		c.keyLanes[msg.Key] = ln
+		return ln
+	case OrderPartition:
+		k := partKey{msg.Source, msg.Partition}
+		if ln := c.partLanes[k]; ln != nil {
+			return ln
+		}
+		ln := c.newLaneLocked()
+		c.partLanes[k] = ln
+		return ln
+	}
+	return nil
+}
+
+func (c *Consumer) newLaneLocked() *lane {
+	if len(c.keyLanes)+len(c.partLanes) >= c.laneLimit {
+		// Drop the idle lanes. At most MaxInFlight are busy, so this runs
+		// once per laneLimit-MaxInFlight new lanes at most.
+		for k, ln := range c.keyLanes {
+			if !ln.busy {
+				delete(c.keyLanes, k)
+				c.freeLanes = append(c.freeLanes, ln)
+			}
+		}
+		for k, ln := range c.partLanes {
+			if !ln.busy {
+				delete(c.partLanes, k)
+				c.freeLanes = append(c.freeLanes, ln)
+			}
+		}
+	}
+	if n := len(c.freeLanes); n > 0 {
+		ln := c.freeLanes[n-1]
+		c.freeLanes[n-1] = nil
+		c.freeLanes = c.freeLanes[:n-1]
+		return ln
+	}
+	return &lane{}
+}
+
+func (c *Consumer) worker(ctx context.Context, w *workerState, quit <-chan struct{}) {
+	for {
+		var ch *chunk
+		select {
+		case ch = <-c.work:
+		case <-quit:
+			return
+		}
+		// Visible to releaseQueued while it waits for a slot.
+		w.active.Store(ch)
+		select {
+		case c.slots <- struct{}{}:
+		case <-quit:
+			return // after the drain deadline: releaseQueued takes ch
+		}
+		for ch != nil {
+			ch = c.runChunk(ctx, w, ch)
+		}
+		<-c.slots
+	}
+}
+
+// runChunk runs the tasks of ch, acks and finishes them. It returns a chunk
+// of the next messages of their lanes, for the caller to run next, or nil.
+func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chunk {
+	w.active.Store(ch)
+	single := c.pace.mode.Load() == modeSingle
+	start := monotime()
+	n := 0
+	for {
+		t, ok := ch.claim()
+		if !ok {
+			break
+		}
+		if single && !ch.exhausted() {
+			c.spread(ch)
+		}
+		n++
+		if res, elapsed := c.process(ctx, t); res != held {
+			w.ran = append(w.ran, ran{t, elapsed, res == succeeded})
+		}
+		if n == flushEvery && !ch.exhausted() {
+			now := monotime()
+			c.pace.sample(now-start, n)
+			start, n = now, 0
+			single = c.pace.mode.Load() == modeSingle
+			if len(w.ran) > 0 {
+				if next := c.finishRan(w, nil); next != nil {
+					c.handOff(next)
+				}
+			}
+		}
+	}
+	if n > 0 {
+		c.pace.sample(monotime()-start, n)
+	}
+	return c.finishRan(w, ch)
+}
+
+// spread hands the tasks of ch not yet claimed to the workers one by one:
+// the handlers are slow, and other workers may be idle.
+func (c *Consumer) spread(ch *chunk) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		t, ok := ch.claim()
+		if !ok {
+			return
+		}
+		nc := c.newChunkLocked()
+		nc.tasks = append(nc.tasks, t)
+		c.work <- nc
+	}
+}
+
+// handOff gives next, lane successors found in the middle of a chunk, to the
+// workers; during the drain it releases them at once instead, since workers
+// may have stopped taking work.
+func (c *Consumer) handOff(next *chunk) {
+	if !c.stopping.Load() {
+		c.work <- next
+		return
+	}
+	for t, ok := next.claim(); ok; t, ok = next.claim() {
+		c.releaseLane(t)
+	}
+	c.mu.Lock()
+	c.recycleLocked(next)
+	c.mu.Unlock()
+}
+
+// finishRan acks the successes among the messages w ran, then finishes them
+// all under one lock. It returns the next messages of their lanes as a
+// chunk, or nil. When done is not nil, w is done with that chunk, and it is
+// recycled.
+func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
+	for _, r := range w.ran {
+		if r.ack {
+			c.settle(r.msg, Acked, r.elapsed, c.src.Ack(c.settleCtx, r.msg))
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var next *chunk
+	if len(w.ran) > 0 {
+		for _, r := range w.ran {
+			if nt, ok := c.finishLocked(r.task); ok {
+				if next == nil {
+					next = c.newChunkLocked()
+				}
+				next.tasks = append(next.tasks, nt)
+			}
+		}
+		c.finishedLocked()
+		clear(w.ran)
+		w.ran = w.ran[:0]
+	}
+	if done != nil {
+		w.active.Store(nil)
+		c.recycleLocked(done)
+	}
+	return next
+}
+
+// finishLocked ends t: its message was settled or released. It frees its
+// in-flight slot and returns the next task of its lane, if any. The caller
+// calls finishedLocked after a batch. Called with c.mu held.
+func (c *Consumer) finishLocked(t task) (task, bool) {
+	if c.heartbeat {
+		delete(c.leases, t.msg)
+	}
+	c.inflight--
+	if b := c.breaker; b != nil && t.msg == b.probing {
+		c.probeEnded()
+	}
+	// The engine is done with the message: nothing refers to it any more
+	// (leases and the probe are cleared above), so the source may reuse it.
+	if c.recycler != nil {
+		c.recycler.Recycle(t.msg)
+	}
+	ln := t.ln
+	if ln == nil {
+		return task{}, false
+	}
+	if ln.head < len(ln.queue) {
+		next := ln.queue[ln.head]
+		ln.queue[ln.head] = nil
+		ln.head++
+		return task{next, ln}, true
+	}
+	ln.busy = false
+	ln.queue, ln.head = ln.queue[:0], 0
+	if cap(ln.queue) > 16 {
+		ln.queue = nil
+	}
+	return task{}, false
+}
+
+// finishedLocked wakes the receive loop and the drain after messages were
+// finished. Called with c.mu held.
+func (c *Consumer) finishedLocked() {
+	c.signalSpace()
+	if c.stopping.Load() && c.inflight == 0 {
+		close(c.drained)
+	}
+}
+
+// finishOne finishes t alone and returns the next task of its lane.
+func (c *Consumer) finishOne(t task) (task, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	next, ok := c.finishLocked(t)
+	c.finishedLocked()
+	return next, ok
+}
+
+// releaseLane releases t's message and every message behind it in its lane.
+func (c *Consumer) releaseLane(t task) {
+	for ok := true; ok; t, ok = c.finishOne(t) {
+		c.release(t.msg)
+	}
+}
+
+// releaseQueued releases, after the drain deadline, every message not
+// started: those of the chunks on the work queue, those stuck workers (or
+// the receive loop) have not claimed from their chunks, and every message
+// behind them in their lanes.
+func (c *Consumer) releaseQueued() {
+	var ts []task
+	c.mu.Lock()
+	for _, w := range c.workers {
+		if ch := w.active.Load(); ch != nil {
+			for t, ok := ch.claim(); ok; t, ok = ch.claim() {
+				ts = append(ts, t)
+			}
+		}
+	}
+	c.mu.Unlock()
+	for drained := false; !drained; {
+		select {
+		case ch := <-c.work:
+			for t, ok := ch.claim(); ok; t, ok = ch.claim() {
+				ts = append(ts, t)
+			}
+			c.mu.Lock()
+			c.recycleLocked(ch)
+			c.mu.Unlock()
+		default:
+			drained = true
+		}
+	}
+	for _, t := range ts {
+		c.releaseLane(t)
+	}
+}
