@@ -106,8 +106,8 @@ type Source interface {
 
 // Recycler is implemented by sources that reuse the memory of delivered
 // messages, to spare the garbage collector one Message per delivery. The
-// engine calls Recycle once for every message it received, when it is done
-// with it: after the message was settled or released, observed, and the next
+// engine calls Recycle once for every message it received (in batches),
+// when it is done with it: after the message was settled or released, observed, and the next
 // message of its key released. From then on the source may hand out the same
 // *Message again, so nothing may use msg after Recycle: handlers,
 // middleware and observers must not keep a message (or its Headers) beyond
@@ -115,7 +115,9 @@ type Source interface {
 // running past the drain deadline is never recycled. Callers that drive a
 // source directly need not call Recycle.
 type Recycler interface {
-	Recycle(msg *ackwise.Message)
+	// Recycle takes back messages this source delivered. It is safe for
+	// concurrent use and ignores messages it did not deliver.
+	Recycle(msgs ...*ackwise.Message)
 }
 
 // Sink publishes messages to one topic, exchange or queue.

@@ -101,6 +101,7 @@ func (ch *chunk) exhausted() bool { return int(ch.next.Load()) >= len(ch.tasks) 
 type workerState struct {
 	active atomic.Pointer[chunk] // the chunk it runs; cleared under Consumer.mu
 	ran    []ran                 // ran, not yet finished
+	done   []*ackwise.Message    // finished, to recycle after Consumer.mu is released
 }
 
 // ran is a task that ran and awaits its finish.
@@ -431,10 +432,12 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 		}
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	var next *chunk
 	if len(w.ran) > 0 {
 		for _, r := range w.ran {
+			if c.recycler != nil {
+				w.done = append(w.done, r.msg)
+			}
 			if nt, ok := c.finishLocked(r.task); ok {
 				if next == nil {
 					next = c.newChunkLocked()
@@ -450,12 +453,21 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 		w.active.Store(nil)
 		c.recycleLocked(done)
 	}
+	c.mu.Unlock()
+	if len(w.done) > 0 {
+		c.recycler.Recycle(w.done...)
+		clear(w.done)
+		w.done = w.done[:0]
+	}
 	return next
 }
 
 // finishLocked ends t: its message was settled or released. It frees its
 // in-flight slot and returns the next task of its lane, if any. The caller
-// calls finishedLocked after a batch. Called with c.mu held.
+// calls finishedLocked after a batch, and then, without c.mu, recycles the
+// message: the engine is done with it and nothing refers to it any more
+// (its lease and the breaker's probe are cleared here). Called with c.mu
+// held.
 func (c *Consumer) finishLocked(t task) (task, bool) {
 	if c.heartbeat {
 		delete(c.leases, t.msg)
@@ -463,11 +475,6 @@ func (c *Consumer) finishLocked(t task) (task, bool) {
 	c.inflight--
 	if b := c.breaker; b != nil && t.msg == b.probing {
 		c.probeEnded()
-	}
-	// The engine is done with the message: nothing refers to it any more
-	// (leases and the probe are cleared above), so the source may reuse it.
-	if c.recycler != nil {
-		c.recycler.Recycle(t.msg)
 	}
 	ln := t.ln
 	if ln == nil {
@@ -499,9 +506,12 @@ func (c *Consumer) finishedLocked() {
 // finishOne finishes t alone and returns the next task of its lane.
 func (c *Consumer) finishOne(t task) (task, bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	next, ok := c.finishLocked(t)
 	c.finishedLocked()
+	c.mu.Unlock()
+	if c.recycler != nil {
+		c.recycler.Recycle(t.msg)
+	}
 	return next, ok
 }
 

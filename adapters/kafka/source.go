@@ -36,7 +36,7 @@ type Source struct {
 
 	mu      sync.Mutex
 	parts   map[topicPartition]*partition
-	pending []pendingRecord // polled, not yet delivered, under mu
+	pending []pendingRun // polled, not yet delivered, under mu
 	pendIdx int
 
 	// Message building, by the goroutine calling Receive and without mu:
@@ -45,7 +45,10 @@ type Source struct {
 	scratch []byte           // key, header values and broker ID of one record
 	slab    []delivery       // new deliveries are carved from it
 	hslab   []ackwise.Header // headers beyond a delivery's own room
-	free    sync.Pool        // recycled *delivery
+	local   []*delivery      // recycled deliveries taken from freed
+
+	freeMu sync.Mutex
+	freed  []*delivery // recycled deliveries, under freeMu
 
 	closed  atomic.Bool
 	closing chan struct{}
@@ -387,11 +390,11 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 	}
 }
 
-// pendingRecord is a polled record not yet delivered, with the partition
-// (assignment) it was polled under.
-type pendingRecord struct {
-	r *kgo.Record
-	p *partition
+// pendingRun is a partition's records of a poll not yet delivered, in
+// offset order, with the partition (assignment) they were polled under.
+type pendingRun struct {
+	p    *partition
+	recs []*kgo.Record
 }
 
 // stash keeps the records of a poll for delivery.
@@ -403,15 +406,12 @@ func (s *Source) stash(fetches kgo.Fetches) {
 		s.pending = s.pending[:0]
 		s.pendIdx = 0
 	}
-	var last *partition
-	fetches.EachRecord(func(r *kgo.Record) {
-		p := last
-		if p == nil || p.id != r.Partition || p.topic != r.Topic {
-			p = s.parts[topicPartition{r.Topic, r.Partition}]
-			last = p
+	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
+		if len(fp.Records) == 0 {
+			return
 		}
-		if p != nil {
-			s.pending = append(s.pending, pendingRecord{r, p})
+		if p := s.parts[topicPartition{fp.Topic, fp.Partition}]; p != nil {
+			s.pending = append(s.pending, pendingRun{p: p, recs: fp.Records})
 		}
 	})
 }
@@ -467,13 +467,17 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 	s.mu.Lock()
 	s.build = s.build[:0]
 	var pause map[string][]int32
-	for ; s.pendIdx < len(s.pending) && n < len(buf); s.pendIdx++ {
-		pr := s.pending[s.pendIdx]
-		s.pending[s.pendIdx] = pendingRecord{}
-		r, p := pr.r, pr.p
-		if p.own.Load() != ownOwned {
-			continue // revoked since the poll
+	for s.pendIdx < len(s.pending) && n < len(buf) {
+		run := &s.pending[s.pendIdx]
+		if len(run.recs) == 0 || run.p.own.Load() != ownOwned {
+			// Done, or revoked since the poll: its records are dropped.
+			*run = pendingRun{}
+			s.pendIdx++
+			continue
 		}
+		r, p := run.recs[0], run.p
+		run.recs[0] = nil
+		run.recs = run.recs[1:]
 		if p.next >= 0 && r.Offset < p.next {
 			// Seen before: fetched again after a rewind to a released
 			// record, which is delivered again; the others are skipped.
@@ -557,8 +561,17 @@ func retryDue(r *kgo.Record) time.Time {
 // the broker ID share one string allocation; the Message, its receipt and
 // its headers are carved from slabs.
 func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ackwise.Message {
-	d, _ := s.free.Get().(*delivery)
-	if d == nil {
+	if len(s.local) == 0 {
+		s.freeMu.Lock()
+		s.local, s.freed = s.freed, s.local
+		s.freeMu.Unlock()
+	}
+	var d *delivery
+	if n := len(s.local); n > 0 {
+		d = s.local[n-1]
+		s.local[n-1] = nil
+		s.local = s.local[:n-1]
+	} else {
 		// One allocation per 64 records instead of one per record. A
 		// slab lives as long as any delivery in it is referenced.
 		if len(s.slab) == 0 {
@@ -757,24 +770,29 @@ func (s *Source) rewind(p *partition) {
 	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.topic: {p.id: {Epoch: -1, Offset: off}}})
 }
 
-// Recycle hands msg's memory back for reuse by later deliveries. The engine
-// calls it when it is done with a message (settled or released, observed);
-// nothing may use msg after. Messages of another source, and a second
-// Recycle of the same message, are ignored.
-func (s *Source) Recycle(msg *ackwise.Message) {
-	if msg == nil {
-		return
+// Recycle takes back the memory of messages for reuse by later deliveries.
+// The engine calls it when it is done with messages (settled or released,
+// observed); nothing may use them after. Messages of another source, and a
+// second Recycle of the same message, are ignored. The deliveries kept for
+// reuse are bounded by the most messages ever in flight at once.
+func (s *Source) Recycle(msgs ...*ackwise.Message) {
+	s.freeMu.Lock()
+	defer s.freeMu.Unlock()
+	for _, msg := range msgs {
+		if msg == nil {
+			continue
+		}
+		rc, ok := msg.Handle.(*receipt)
+		if !ok || rc.d == nil || &rc.d.msg != msg || rc.p == nil {
+			continue
+		}
+		// message overwrites every field on reuse. Clearing the receipt
+		// and the handle makes a settle of the recycled message fail.
+		d := rc.d
+		d.rc = receipt{}
+		d.msg.Handle = nil
+		s.freed = append(s.freed, d)
 	}
-	rc, ok := msg.Handle.(*receipt)
-	if !ok || rc.d == nil || &rc.d.msg != msg || rc.p == nil {
-		return
-	}
-	// message overwrites every field on reuse. Clearing the receipt and
-	// the handle makes a settle of the recycled message fail.
-	d := rc.d
-	d.rc = receipt{}
-	d.msg.Handle = nil
-	s.free.Put(d)
 }
 
 // ExtendLease does nothing: a partition owned by this member has no lease.
