@@ -75,17 +75,13 @@ type heldRecord struct {
 
 // receipt is a Message's Handle: where the record sits in its partition's
 // tracking.
+// Where the record first sat (it differs on retry topics) is the message's
+// Source, Partition and Offset.
 type receipt struct {
 	p   *partition
 	seq int64
-	gen uint16 // delivery generation of the record (see partition.redeliver)
-	off int64  // offset in the topic it was read from
-
-	origTopic string // where the record first sat (differs on retry topics)
-	origPart  int32
-	origOff   int64
-
-	d *delivery // the delivery holding this receipt, for Recycle
+	gen uint16    // delivery generation of the record (see partition.redeliver)
+	d   *delivery // the delivery holding this receipt, for Recycle
 }
 
 // delivery puts a message, its receipt and room for its headers in one
@@ -557,7 +553,7 @@ func retryDue(r *kgo.Record) time.Time {
 }
 
 // message builds the Message of a record. Called by the goroutine calling
-// Receive (it uses s.scratch and the slabs). The key, the header values and
+// Receive (it uses s.scratch, the slabs and the recycled deliveries). The key, the header values and
 // the broker ID share one string allocation; the Message, its receipt and
 // its headers are carved from slabs.
 func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ackwise.Message {
@@ -580,7 +576,7 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 		d = &s.slab[0]
 		s.slab = s.slab[1:]
 	}
-	d.rc = receipt{p: p, seq: seq, gen: gen, off: r.Offset, origTopic: r.Topic, origPart: r.Partition, origOff: r.Offset, d: d}
+	d.rc = receipt{p: p, seq: seq, gen: gen, d: d}
 	// Every field, in one assignment: a recycled delivery holds the last
 	// message's.
 	d.msg = ackwise.Message{
@@ -633,20 +629,20 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 				continue
 			case HeaderOriginalTopic:
 				if p.retry {
-					d.rc.origTopic = v
+					m.Source = v
 					continue
 				}
 			case HeaderOriginalPartition:
 				if p.retry {
 					if n, err := strconv.ParseInt(v, 10, 32); err == nil {
-						d.rc.origPart = int32(n)
+						m.Partition = int32(n)
 					}
 					continue
 				}
 			case HeaderOriginalOffset:
 				if p.retry {
 					if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-						d.rc.origOff = n
+						m.Offset = n
 					}
 					continue
 				}
@@ -666,11 +662,6 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 		m.Headers = h[:len(h):len(h)]
 	}
 	m.BrokerID = blob[i:]
-	if p.retry {
-		m.Source = d.rc.origTopic
-		m.Partition = d.rc.origPart
-		m.Offset = d.rc.origOff
-	}
 	return m
 }
 
@@ -813,8 +804,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if len(s.cfg.RetryTiers) == 0 {
 		return fmt.Errorf("kafka: Nack without Config.RetryTiers: this source retries in place (Capabilities.Delay is false)")
 	}
-	rc, err := checkValid(msg)
-	if err != nil {
+	if _, err := checkValid(msg); err != nil {
 		return err
 	}
 	tier := s.cfg.RetryTiers[len(s.cfg.RetryTiers)-1]
@@ -852,9 +842,9 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		kgo.RecordHeader{Key: ackwise.HeaderAttempt, Value: []byte(strconv.Itoa(attempt + 1))},
 		kgo.RecordHeader{Key: ackwise.HeaderFirstFailure, Value: []byte(first.UTC().Format(time.RFC3339Nano))},
 		kgo.RecordHeader{Key: HeaderRetryDue, Value: []byte(strconv.FormatInt(now.Add(tier).UnixMilli(), 10))},
-		kgo.RecordHeader{Key: HeaderOriginalTopic, Value: []byte(rc.origTopic)},
-		kgo.RecordHeader{Key: HeaderOriginalPartition, Value: []byte(strconv.FormatInt(int64(rc.origPart), 10))},
-		kgo.RecordHeader{Key: HeaderOriginalOffset, Value: []byte(strconv.FormatInt(rc.origOff, 10))},
+		kgo.RecordHeader{Key: HeaderOriginalTopic, Value: []byte(msg.Source)},
+		kgo.RecordHeader{Key: HeaderOriginalPartition, Value: []byte(strconv.FormatInt(int64(msg.Partition), 10))},
+		kgo.RecordHeader{Key: HeaderOriginalOffset, Value: []byte(strconv.FormatInt(msg.Offset, 10))},
 	)
 	if _, ok := msg.Headers.Lookup(ackwise.HeaderEventID); !ok && msg.ID != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(msg.ID)})
