@@ -369,21 +369,32 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		if s.cfg.PollBatch > 0 {
 			limit = max(len(buf), s.cfg.PollBatch)
 		}
-		fetches := s.cl.PollRecords(pctx, limit)
+		closed := s.poll(pctx, limit)
 		if cancel != nil {
 			cancel()
 		}
-		if fetches.IsClientClosed() {
+		if closed {
 			return 0, adapters.ErrClosed
 		}
-		fetches.EachError(func(t string, p int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
-		})
-		s.stash(fetches)
 	}
+}
+
+// poll takes up to limit records from the client (all it has when limit is
+// negative), waiting until there are some or ctx is done, and stashes them.
+// It reports whether the client is closed.
+func (s *Source) poll(ctx context.Context, limit int) (closed bool) {
+	fetches := s.cl.PollRecords(ctx, limit)
+	if fetches.IsClientClosed() {
+		return true
+	}
+	fetches.EachError(func(t string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+	})
+	s.stash(fetches)
+	return false
 }
 
 // pendingRun is a partition's records of a poll not yet delivered, in
@@ -397,9 +408,11 @@ type pendingRun struct {
 func (s *Source) stash(fetches kgo.Fetches) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.pendIdx >= len(s.pending) {
-		clear(s.pending)
-		s.pending = s.pending[:0]
+	if s.pendIdx > 0 {
+		// Drop the delivered runs, keeping those still to deliver.
+		k := copy(s.pending, s.pending[s.pendIdx:])
+		clear(s.pending[k:])
+		s.pending = s.pending[:k]
 		s.pendIdx = 0
 	}
 	fetches.EachPartition(func(fp kgo.FetchTopicPartition) {
