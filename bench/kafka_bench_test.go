@@ -28,7 +28,8 @@ import (
 // Kafka benchmarks run against an in-process kfake broker: they compare
 // clients on the same broker, they do not measure Kafka.
 //
-//	go test -run '^$' -bench 'Kafka' -benchtime 100000x -count 5 .
+//	go test -run '^$' -bench 'KafkaConsumeCommit' -benchtime 1000000x -count 1 .
+//	go test -run '^$' -bench 'KafkaKeyParallel' -benchtime 1x -count 2 -timeout 20m .
 
 const (
 	kafkaPartitions = 4
