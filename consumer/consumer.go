@@ -64,6 +64,13 @@ type Consumer struct {
 	handlerCtx  context.Context // set by Run before its goroutines start
 	readyBuf    []task          // dispatch's scratch, owned by the receive loop
 	dispatchBuf []*chunk        // dispatch's scratch, owned by the receive loop
+
+	// extending holds the messages the heartbeat is extending outside mu
+	// (under mu). One finished meanwhile is not recycled by its finisher but
+	// by the heartbeat after its round (hbRecycle), so ExtendLease never
+	// sees a recycled message.
+	extending map[*ackwise.Message]bool
+	hbRecycle []*ackwise.Message
 }
 
 // waitEntry is a message waiting in place for its retry.
@@ -209,6 +216,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}()
 	}
 	var hb sync.WaitGroup
+	hb.Add(1)
+	go func() {
+		defer hb.Done()
+		c.stallWatch(quit)
+	}()
 	if c.heartbeat {
 		hb.Add(1)
 		go func() {
@@ -588,6 +600,12 @@ func (c *Consumer) heartbeatLoop(ctx context.Context, quit <-chan struct{}) {
 			if now.Sub(at) >= every {
 				due = append(due, m)
 				c.leases[m] = now
+				if c.recycler != nil {
+					if c.extending == nil {
+						c.extending = make(map[*ackwise.Message]bool)
+					}
+					c.extending[m] = true
+				}
 			}
 		}
 		c.mu.Unlock()
@@ -597,6 +615,16 @@ func (c *Consumer) heartbeatLoop(ctx context.Context, quit <-chan struct{}) {
 			}
 		}
 		clear(due)
+		if c.recycler != nil {
+			c.mu.Lock()
+			clear(c.extending)
+			done := c.hbRecycle
+			c.hbRecycle = nil
+			c.mu.Unlock()
+			if len(done) > 0 {
+				c.recycler.Recycle(done...)
+			}
+		}
 	}
 }
 

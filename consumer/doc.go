@@ -29,7 +29,10 @@
 // it before it is acknowledged and its key and in-flight place are freed
 // (and if one of those hangs past the drain deadline, until it returns).
 // Handlers cheaper than a hand-off (below about 1µs) run on the receiving
-// goroutine itself. Per-key order, Concurrency and MaxInFlight hold in every
+// goroutine itself. A message that blocks in a batch holds back the
+// messages of its batch not started yet for a few milliseconds at most: a
+// stall watch then hands them to the other workers and falls back to one
+// message at a time. Per-key order, Concurrency and MaxInFlight hold in every
 // mode.
 //
 // The handler pipeline has a fixed order owned by the engine: recover →

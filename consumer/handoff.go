@@ -99,9 +99,10 @@ func (ch *chunk) exhausted() bool { return int(ch.next.Load()) >= len(ch.tasks) 
 
 // workerState is what a worker (or the receive loop running inline) holds.
 type workerState struct {
-	active atomic.Pointer[chunk] // the chunk it runs; cleared under Consumer.mu
-	ran    []ran                 // ran, not yet finished
-	done   []*ackwise.Message    // finished, to recycle after Consumer.mu is released
+	active   atomic.Pointer[chunk] // the chunk it runs; cleared under Consumer.mu
+	progress atomic.Uint32         // tasks it started; the stall watch reads it
+	ran      []ran                 // ran, not yet finished
+	done     []*ackwise.Message    // finished, to recycle after Consumer.mu is released
 }
 
 // ran is a task that ran and awaits its finish.
@@ -158,6 +159,15 @@ func (p *pace) sample(d time.Duration, n int) {
 	}
 }
 
+// slow switches to single mode at once, as if a slow message was measured.
+func (p *pace) slow() {
+	if p.fixed {
+		return
+	}
+	p.avg.Store(int64(slowAbove))
+	p.mode.Store(modeSingle)
+}
+
 // epoch anchors monotime.
 var epoch = time.Now()
 
@@ -180,6 +190,9 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 		c.mu.Unlock()
 		for _, m := range msgs {
 			c.release(m)
+		}
+		if c.recycler != nil {
+			c.recycler.Recycle(msgs...)
 		}
 		return
 	}
@@ -343,7 +356,11 @@ func (c *Consumer) worker(ctx context.Context, w *workerState, quit <-chan struc
 		select {
 		case c.slots <- struct{}{}:
 		case <-quit:
-			return // after the drain deadline: releaseQueued takes ch
+			// After the drain deadline. releaseQueued may have looked at
+			// the workers before ch was taken off the work queue: release
+			// what it has not claimed.
+			c.releaseChunk(w, ch)
+			return
 		}
 		for ch != nil {
 			ch = c.runChunk(ctx, w, ch)
@@ -364,6 +381,7 @@ func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chu
 		if !ok {
 			break
 		}
+		w.progress.Add(1)
 		if single && !ch.exhausted() {
 			c.spread(ch)
 		}
@@ -389,11 +407,63 @@ func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chu
 	return c.finishRan(w, ch)
 }
 
+// stallAfter is how long a worker may run one message of a batch before the
+// stall watch hands the rest of its batch to other workers.
+const stallAfter = 2 * time.Millisecond
+
+// stallWatch guards the batched modes against a message that blocks: its
+// worker (or the receive loop, inline) would hold back the messages of its
+// batch not started yet, though other workers are idle. Every stallAfter it
+// looks for a worker that started no message since the last look while its
+// batch still has messages not started, hands those to the workers one by
+// one (spread) and falls back to single mode: handlers are not uniformly
+// fast. It does nothing while the mode is single.
+func (c *Consumer) stallWatch(quit <-chan struct{}) {
+	t := time.NewTicker(stallAfter)
+	defer t.Stop()
+	seen := make([]uint32, len(c.workers))
+	for {
+		select {
+		case <-t.C:
+		case <-quit:
+			return
+		}
+		if c.pace.mode.Load() == modeSingle || c.stopping.Load() {
+			for i, w := range c.workers {
+				seen[i] = w.progress.Load()
+			}
+			continue
+		}
+		// Under mu: a worker clears its active chunk under mu before the
+		// chunk is recycled.
+		c.mu.Lock()
+		for i, w := range c.workers {
+			p := w.progress.Load()
+			stalled := p == seen[i]
+			seen[i] = p
+			if ch := w.active.Load(); stalled && ch != nil && !ch.exhausted() {
+				c.pace.slow()
+				c.spreadLocked(ch)
+			}
+		}
+		c.mu.Unlock()
+	}
+}
+
 // spread hands the tasks of ch not yet claimed to the workers one by one:
 // the handlers are slow, and other workers may be idle.
 func (c *Consumer) spread(ch *chunk) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.spreadLocked(ch)
+}
+
+// spreadLocked is spread with c.mu held.
+func (c *Consumer) spreadLocked(ch *chunk) {
+	if c.stopping.Load() {
+		// Draining: the owner releases them (workers may stop taking work).
+		return
+	}
 	for {
 		t, ok := ch.claim()
 		if !ok {
@@ -435,7 +505,7 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 	var next *chunk
 	if len(w.ran) > 0 {
 		for _, r := range w.ran {
-			if c.recycler != nil {
+			if c.recycler != nil && !c.heartbeatHoldsLocked(r.msg) {
 				w.done = append(w.done, r.msg)
 			}
 			if nt, ok := c.finishLocked(r.task); ok {
@@ -508,11 +578,23 @@ func (c *Consumer) finishOne(t task) (task, bool) {
 	c.mu.Lock()
 	next, ok := c.finishLocked(t)
 	c.finishedLocked()
+	recycle := c.recycler != nil && !c.heartbeatHoldsLocked(t.msg)
 	c.mu.Unlock()
-	if c.recycler != nil {
+	if recycle {
 		c.recycler.Recycle(t.msg)
 	}
 	return next, ok
+}
+
+// heartbeatHoldsLocked reports whether the heartbeat is extending the lease
+// of msg, a finished message, outside c.mu; if so the heartbeat recycles it
+// after its round. Called with c.mu held.
+func (c *Consumer) heartbeatHoldsLocked(msg *ackwise.Message) bool {
+	if !c.extending[msg] {
+		return false
+	}
+	c.hbRecycle = append(c.hbRecycle, msg)
+	return true
 }
 
 // releaseLane releases t's message and every message behind it in its lane.
@@ -520,6 +602,18 @@ func (c *Consumer) releaseLane(t task) {
 	for ok := true; ok; t, ok = c.finishOne(t) {
 		c.release(t.msg)
 	}
+}
+
+// releaseChunk releases the tasks of ch, w's chunk, that nobody claimed,
+// with the messages behind them in their lanes, and recycles ch.
+func (c *Consumer) releaseChunk(w *workerState, ch *chunk) {
+	for t, ok := ch.claim(); ok; t, ok = ch.claim() {
+		c.releaseLane(t)
+	}
+	c.mu.Lock()
+	w.active.Store(nil)
+	c.recycleLocked(ch)
+	c.mu.Unlock()
 }
 
 // releaseQueued releases, after the drain deadline, every message not

@@ -60,3 +60,20 @@ func TestPaceSwitchesWithHysteresis(t *testing.T) {
 		t.Fatalf("pinned batch moved to %s", mode())
 	}
 }
+
+// TestPaceSlowFallsBackToSingle: the stall watch's fallback puts a fast pace
+// back to single at once.
+func TestPaceSlowFallsBackToSingle(t *testing.T) {
+	var p pace
+	p.reset()
+	for range 100 {
+		p.sample(100*time.Nanosecond, 1)
+	}
+	if m := p.mode.Load(); m != modeInline {
+		t.Fatalf("mode %d after fast samples, want inline", m)
+	}
+	p.slow()
+	if m := p.mode.Load(); m != modeSingle {
+		t.Fatalf("mode %d after slow, want single", m)
+	}
+}

@@ -328,3 +328,37 @@ func TestHandOffDrainReleasesQueuedChunks(t *testing.T) {
 		})
 	}
 }
+
+// TestHandOffStalledBatchIsSpread: a message of a fast batch blocks. The
+// messages of its batch not started yet are not held back behind it: the
+// stall watch hands them to the other workers.
+func TestHandOffStalledBatchIsSpread(t *testing.T) {
+	t.Parallel()
+	for _, pace := range []string{"batch", "inline"} {
+		t.Run(pace, func(t *testing.T) {
+			t.Parallel()
+			const n = 40
+			src := newFakeSource(adapters.Capabilities{Delay: true}, msgs(n, n)...)
+			started, release := make(chan struct{}), make(chan struct{})
+			var fast atomic.Int64
+			h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+				if m.ID == "e0" {
+					close(started)
+					<-release
+				}
+				fast.Add(1)
+				return nil
+			})
+			c := newPaced(t, src, h, consumer.Config{Concurrency: 2, MaxInFlight: n, ReceiveBatch: n}, pace)
+			run(t, c)
+			<-started
+			if !src.waitSettled(n-1, 5*time.Second) {
+				t.Fatalf("%d of the %d other messages handled while e0 blocks: its batch was held back: %+v", fast.Load(), n-1, c.Stats())
+			}
+			close(release)
+			if !src.waitSettled(n, 5*time.Second) {
+				t.Fatalf("not all settled: %+v", c.Stats())
+			}
+		})
+	}
+}

@@ -129,9 +129,10 @@ func (c headerCarrier) Get(key string) string {
 	if v, ok := c.h.Lookup(key); ok {
 		return v
 	}
-	for _, kv := range *c.h {
-		if strings.EqualFold(kv.Key, key) {
-			return kv.Value
+	h := *c.h
+	for i := len(h) - 1; i >= 0; i-- { // the last match, as Headers.Get
+		if strings.EqualFold(h[i].Key, key) {
+			return h[i].Value
 		}
 	}
 	return ""

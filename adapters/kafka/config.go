@@ -277,5 +277,8 @@ func (c Config) clientOpts() []kgo.Opt {
 	if c.SASL != nil {
 		opts = append(opts, kgo.SASL(c.SASL))
 	}
+	if c.FetchMaxBytes > 0 {
+		opts = append(opts, kgo.FetchMaxBytes(c.FetchMaxBytes))
+	}
 	return opts
 }

@@ -187,7 +187,11 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			}
 		}
 		s.mu.Unlock()
-		fetches := s.cl.PollRecords(ctx, min(s.cfg.PollBatch, 4*len(buf)))
+		limit := 4 * len(buf)
+		if s.cfg.PollBatch > 0 {
+			limit = min(limit, s.cfg.PollBatch)
+		}
+		fetches := s.cl.PollRecords(ctx, limit)
 		if fetches.IsClientClosed() {
 			return 0, adapters.ErrClosed
 		}

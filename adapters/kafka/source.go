@@ -795,6 +795,7 @@ func (s *Source) Recycle(msgs ...*ackwise.Message) {
 		d := rc.d
 		d.rc = receipt{}
 		d.msg.Handle = nil
+		d.msg.Payload = nil // do not hold a fetch's memory while unused
 		s.freed = append(s.freed, d)
 	}
 }

@@ -15,10 +15,15 @@ import (
 	"github.com/ackwise/ackwise/adapters"
 )
 
+// DefaultTransactBatch is the most records in one transaction when
+// Config.PollBatch is 0: a transaction holds its outputs until it commits.
+const DefaultTransactBatch = 1024
+
 // TransactConfig configures a [TransactSession]. Of the embedded Config,
 // Brokers, Topic (the input), Group, PollBatch (the most records in one
-// transaction), StartOffset, TLS, SASL, ClientID, Logger and Options are
-// used; retry tiers and the dead-letter topic are not.
+// transaction; 0 means DefaultTransactBatch), StartOffset, FetchMaxBytes,
+// TLS, SASL, ClientID, Logger and Options are used; retry tiers and the
+// dead-letter topic are not.
 type TransactConfig struct {
 	Config
 	// TransactionalID is the producer's transactional ID. It must be
@@ -112,7 +117,11 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		fetches := s.sess.PollRecords(ctx, s.cfg.PollBatch)
+		limit := s.cfg.PollBatch
+		if limit == 0 {
+			limit = DefaultTransactBatch
+		}
+		fetches := s.sess.PollRecords(ctx, limit)
 		if fetches.IsClientClosed() {
 			return adapters.ErrClosed
 		}

@@ -587,7 +587,9 @@ func copyHeaders(h ackwise.Headers, id string) ackwise.Headers {
 	if id != "" {
 		c.Set(ackwise.HeaderEventID, id)
 	}
-	return c
+	// Deliveries share these headers: an Add by one receiver must not
+	// write into spare capacity the others see.
+	return c[:len(c):len(c)]
 }
 
 func (b *Broker) newSourceID(prefix string) string {

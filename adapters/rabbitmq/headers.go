@@ -167,9 +167,12 @@ func moveTable(orig amqp.Table, h ackwise.Headers, dropPrefix string) amqp.Table
 	}
 	for _, kv := range h {
 		// Keep the wire type of values the message did not change (an int
-		// header stays an int).
-		if ov, ok := t[kv.Key]; ok {
+		// header stays an int). Compare with the delivery's value, not with
+		// t's: of a repeated key the last value wins, and an earlier one
+		// may have overwritten t's already.
+		if ov, ok := orig[kv.Key]; ok && (dropPrefix == "" || !strings.HasPrefix(kv.Key, dropPrefix)) {
 			if s, ok := scalarString(ov); ok && s == kv.Value {
+				t[kv.Key] = ov
 				continue
 			}
 		}

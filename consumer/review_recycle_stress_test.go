@@ -1,0 +1,255 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/dlq"
+	"github.com/ackwise/ackwise/retry"
+)
+
+// reuseSource hands out messages from a free list of recycled ones, and
+// poisons a message on recycle.
+type reuseSource struct {
+	t                      *testing.T
+	caps                   adapters.Capabilities
+	mu                     sync.Mutex
+	cond                   *sync.Cond
+	free                   []*ackwise.Message
+	live                   map[*ackwise.Message]bool // delivered, not recycled
+	settled                map[*ackwise.Message]bool
+	next                   int
+	total                  int
+	closed                 bool
+	acks, nacks, dead, rel atomic.Int64
+}
+
+func (s *reuseSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+	defer stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.next >= s.total && ctx.Err() == nil {
+		s.cond.Wait()
+	}
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	n := 0
+	for n < len(buf) && s.next < s.total {
+		var m *ackwise.Message
+		if k := len(s.free); k > 0 {
+			m = s.free[k-1]
+			s.free = s.free[:k-1]
+		} else {
+			m = new(ackwise.Message)
+		}
+		i := s.next
+		s.next++
+		*m = ackwise.Message{ID: fmt.Sprintf("e%d", i), Key: fmt.Sprintf("k%d", i%13), Payload: []byte(fmt.Sprint(i)), Partition: -1, Offset: -1, Attempt: 1, Handle: i}
+		s.live[m] = true
+		s.settled[m] = false
+		buf[n] = m
+		n++
+	}
+	return n, nil
+}
+
+func (s *reuseSource) use(op string, m *ackwise.Message, settle bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.live[m] {
+		s.t.Errorf("%s on a recycled message %q", op, m.ID)
+		return
+	}
+	if settle {
+		if s.settled[m] {
+			s.t.Errorf("%s of %s settled twice", op, m.ID)
+		}
+		s.settled[m] = true
+	}
+}
+
+func (s *reuseSource) Ack(_ context.Context, m *ackwise.Message) error {
+	s.use("Ack", m, true)
+	s.acks.Add(1)
+	return nil
+}
+func (s *reuseSource) Nack(_ context.Context, m *ackwise.Message, d time.Duration) error {
+	s.use("Nack", m, true)
+	s.nacks.Add(1)
+	return nil
+}
+func (s *reuseSource) DeadLetter(_ context.Context, m *ackwise.Message, env dlq.Envelope) error {
+	s.use("DeadLetter", m, true)
+	s.dead.Add(1)
+	return nil
+}
+func (s *reuseSource) Release(_ context.Context, m *ackwise.Message) error {
+	s.use("Release", m, true)
+	s.rel.Add(1)
+	return nil
+}
+func (s *reuseSource) ExtendLease(_ context.Context, m *ackwise.Message, _ time.Duration) error {
+	s.use("ExtendLease", m, false)
+	return nil
+}
+func (s *reuseSource) Valid(m *ackwise.Message) bool {
+	s.use("Valid", m, false)
+	return true
+}
+func (s *reuseSource) Capabilities() adapters.Capabilities { return s.caps }
+func (s *reuseSource) Close() error                        { return nil }
+func (s *reuseSource) Recycle(msgs ...*ackwise.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range msgs {
+		if !s.live[m] {
+			s.t.Errorf("recycle of a recycled message %q", m.ID)
+			continue
+		}
+		if !s.settled[m] {
+			s.t.Errorf("recycle of an unsettled message %q", m.ID)
+		}
+		delete(s.live, m)
+		m.ID = "RECYCLED"
+		s.free = append(s.free, m)
+	}
+}
+
+type obs struct{ s *reuseSource }
+
+func (o obs) Observe(m *ackwise.Message, _ consumer.Outcome, _ time.Duration) {
+	o.s.use("Observe", m, false)
+}
+
+func TestReviewRecycleStressSettleOnce(t *testing.T) {
+	for _, pace := range paces {
+		for _, mode := range []consumer.RetryMode{consumer.RetryInPlace, consumer.RetryBroker} {
+			t.Run(fmt.Sprintf("%s/%v", pace, mode), func(t *testing.T) {
+				const n = 3000
+				src := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true, Lease: 30 * time.Millisecond, ExtendLease: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
+				src.cond = sync.NewCond(&src.mu)
+				var calls atomic.Int64
+				h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
+					c := calls.Add(1)
+					switch c % 17 {
+					case 3:
+						return errors.New("transient")
+					case 5:
+						return ackwise.Permanent(errors.New("bad"))
+					case 7:
+						time.Sleep(30 * time.Microsecond)
+					}
+					if c%101 == 0 {
+						panic("boom")
+					}
+					return nil
+				})
+				c := newPaced(t, src, h, consumer.Config{Concurrency: 3, MaxInFlight: 40, ReceiveBatch: 16, RetryMode: mode, Observer: obs{src}, Retry: retry.Policy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond}}, pace)
+				stop := run(t, c)
+				deadline := time.Now().Add(20 * time.Second)
+				for {
+					done := src.acks.Load() + src.nacks.Load() + src.dead.Load()
+					if mode == consumer.RetryInPlace && done >= n {
+						break
+					}
+					if mode == consumer.RetryBroker && done >= n {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("stuck: %+v", c.Stats())
+					}
+					time.Sleep(time.Millisecond)
+				}
+				if err := stop(); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
+	}
+}
+
+func TestReviewRecycleStressBreakerDrain(t *testing.T) {
+	for _, pace := range paces {
+		for _, stuck := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/stuck-%v", pace, stuck), func(t *testing.T) {
+				const n = 2000
+				src := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
+				src.cond = sync.NewCond(&src.mu)
+				var calls atomic.Int64
+				var down atomic.Bool
+				block := make(chan struct{})
+				started := make(chan struct{})
+				h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
+					c := calls.Add(1)
+					if c == 300 {
+						down.Store(true)
+						time.AfterFunc(30*time.Millisecond, func() { down.Store(false) })
+					}
+					if stuck && c == 1000 {
+						close(started)
+						<-block
+					}
+					if down.Load() {
+						return errors.New("down")
+					}
+					return nil
+				})
+				c := newPaced(t, src, h, consumer.Config{Concurrency: 3, MaxInFlight: 40, ReceiveBatch: 16, RetryMode: consumer.RetryInPlace, Observer: obs{src}, DrainTimeout: 20 * time.Millisecond,
+					Breaker: &consumer.Breaker{Threshold: 3, ProbeInterval: 5 * time.Millisecond, MaxProbeInterval: 10 * time.Millisecond},
+					Retry:   retry.Policy{MaxAttempts: -1, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond}}, pace)
+				stop := run(t, c)
+				deadline := time.Now().Add(20 * time.Second)
+				for src.acks.Load() < 1100 {
+					if stuck {
+						select {
+						case <-started:
+							time.Sleep(5 * time.Millisecond)
+							goto out
+						default:
+						}
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("stuck: %+v", c.Stats())
+					}
+					time.Sleep(time.Millisecond)
+				}
+			out:
+				err := stop()
+				if stuck {
+					close(block)
+					if !errors.Is(err, consumer.ErrDrainTimeout) && err != nil {
+						t.Fatal(err)
+					}
+				} else if err != nil {
+					t.Fatal(err)
+				}
+				if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.InFlight == 0 }) {
+					t.Fatalf("in flight after drain: %+v", c.Stats())
+				}
+				time.Sleep(20 * time.Millisecond)
+				src.mu.Lock()
+				live := 0
+				for m := range src.live {
+					if !src.settled[m] {
+						t.Errorf("%s never settled", m.ID)
+					}
+					live++
+				}
+				src.mu.Unlock()
+				if live != 0 {
+					t.Errorf("%d messages never recycled", live)
+				}
+			})
+		}
+	}
+}
