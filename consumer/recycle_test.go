@@ -72,12 +72,12 @@ func (s *recyclingSource) Release(ctx context.Context, m *ackwise.Message) error
 
 var _ adapters.Recycler = (*recyclingSource)(nil)
 
-// TestReviewHeartbeatExtendsRecycledMessage: the heartbeat picks the
+// TestHeartbeatExtendsRecycledMessage: the heartbeat picks the
 // messages due for a lease extension under the engine lock and extends them
 // after releasing it. A message finished in between is recycled by then, so
 // ExtendLease runs on a message the source may already have handed out again
 // (the Recycler contract: nothing may use msg after Recycle).
-func TestReviewHeartbeatExtendsRecycledMessage(t *testing.T) {
+func TestHeartbeatExtendsRecycledMessage(t *testing.T) {
 	t.Parallel()
 	clock := memory.NewVirtualClock(time.Time{})
 	in := msgs(2, 2)
@@ -171,11 +171,11 @@ func (s *lateSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, 
 	return 1, nil
 }
 
-// TestReviewRecycleMessageReceivedWhileStopping: the Recycler contract (and
+// TestRecycleMessageReceivedWhileStopping: the Recycler contract (and
 // docs/adapters.md) says the engine recycles every message it received once
 // it is done with it. A message received as Run was stopping is released at
 // once and must be recycled too.
-func TestReviewRecycleMessageReceivedWhileStopping(t *testing.T) {
+func TestRecycleMessageReceivedWhileStopping(t *testing.T) {
 	t.Parallel()
 	late := msgs(1, 1)[0]
 	src := &lateSource{recyclingSource: newRecyclingSource(t, adapters.Capabilities{Delay: true}), late: late, entered: make(chan struct{})}

@@ -10,10 +10,10 @@ import (
 	"github.com/ackwise/ackwise"
 )
 
-// TestReviewFetchMaxBytesReachesClient: Config.FetchMaxBytes is documented
+// TestFetchMaxBytesReachesClient: Config.FetchMaxBytes is documented
 // to bound the records the source holds (it is franz-go's FetchMaxBytes), but
 // it must be passed to the client to do so.
-func TestReviewFetchMaxBytesReachesClient(t *testing.T) {
+func TestFetchMaxBytesReachesClient(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
 	cfg := testConfig(t, brokers, 1)
@@ -24,12 +24,12 @@ func TestReviewFetchMaxBytesReachesClient(t *testing.T) {
 	}
 }
 
-// TestReviewShareSourceBoundsPoll: a share source takes at most 4×len(buf)
+// TestShareSourceBoundsPoll: a share source takes at most 4×len(buf)
 // records per poll (every record taken is acquired, its lock running, and
 // accepted when the client polls again). With PollBatch 0, now the
 // default, min(PollBatch, 4*len(buf)) is 0, which franz-go reads as "no
 // limit": the whole fetch is acquired at once.
-func TestReviewShareSourceBoundsPoll(t *testing.T) {
+func TestShareSourceBoundsPoll(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
 	cfg := testConfig(t, brokers, 1)

@@ -131,7 +131,7 @@ func (o obs) Observe(m *ackwise.Message, _ consumer.Outcome, _ time.Duration) {
 	o.s.use("Observe", m, false)
 }
 
-func TestReviewRecycleStressSettleOnce(t *testing.T) {
+func TestRecycleStressSettleOnce(t *testing.T) {
 	for _, pace := range paces {
 		for _, mode := range []consumer.RetryMode{consumer.RetryInPlace, consumer.RetryBroker} {
 			t.Run(fmt.Sprintf("%s/%v", pace, mode), func(t *testing.T) {
@@ -178,7 +178,7 @@ func TestReviewRecycleStressSettleOnce(t *testing.T) {
 	}
 }
 
-func TestReviewRecycleStressBreakerDrain(t *testing.T) {
+func TestRecycleStressBreakerDrain(t *testing.T) {
 	for _, pace := range paces {
 		for _, stuck := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/stuck-%v", pace, stuck), func(t *testing.T) {

@@ -8,12 +8,12 @@ import (
 	"github.com/ackwise/ackwise"
 )
 
-// TestReviewMoveTableRepeatedKeyKeepsWireType: a header whose value, as Get
+// TestMoveTableRepeatedKeyKeepsWireType: a header whose value, as Get
 // reads it (the last of a repeated key), is the delivery's keeps its wire
 // type on the moved copy. With a repeated key, moveTable compared the last
 // value with the string an earlier duplicate had just written, not with the
 // delivery's value, and turned an unchanged int header into a string.
-func TestReviewMoveTableRepeatedKeyKeepsWireType(t *testing.T) {
+func TestMoveTableRepeatedKeyKeepsWireType(t *testing.T) {
 	t.Parallel()
 	orig := amqp.Table{"x-count": int32(5), "x-name": "a"}
 	h := fromTable(orig)
