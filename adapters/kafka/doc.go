@@ -110,7 +110,10 @@
 // poll is settled, and it gives every settled record an explicit status (a
 // record whose lock ran out is released, never left to be accepted).
 // ExtendLease renews the lock (AckRenew); a renewed record stays valid past
-// the lock deadline franz-go reported at fetch time.
+// the lock deadline franz-go reported at fetch time. The lock's length (the
+// source's Capabilities.Lease, which the engine renews at a third of) is read
+// when the source opens: the group's share.record.lock.duration.ms, else the
+// broker's group.share.record.lock.duration.ms, else 30s.
 //
 // # Exactly-once Kafka to Kafka
 //

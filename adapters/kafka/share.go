@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -107,7 +109,68 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
-	return &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: DefaultShareLease}, nil
+	lease, err := shareLockDuration(ctx, cl, cfg.Group)
+	if err != nil {
+		cfg.Logger.Warn("kafka: cannot read the share group's record lock duration; assuming the broker default",
+			"group", cfg.Group, "assumed", DefaultShareLease, "err", err)
+		lease = DefaultShareLease
+	}
+	return &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease}, nil
+}
+
+// shareLockDuration reads how long the broker locks a record it hands to a
+// member of group: the group's share.record.lock.duration.ms when set, else
+// the broker's group.share.record.lock.duration.ms. The engine heartbeats
+// (renews the locks of) records in flight at a third of it.
+func shareLockDuration(ctx context.Context, cl *kgo.Client, group string) (time.Duration, error) {
+	req := kmsg.NewPtrDescribeConfigsRequest()
+	g := kmsg.NewDescribeConfigsRequestResource()
+	g.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	g.ResourceName = group
+	g.ConfigNames = []string{"share.record.lock.duration.ms"}
+	req.Resources = append(req.Resources, g)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return 0, fmt.Errorf("describe configs of group %s: %w", group, err)
+	}
+	for _, r := range resp.Resources {
+		if err := kerr.ErrorForCode(r.ErrorCode); err != nil {
+			return 0, fmt.Errorf("describe configs of group %s: %w", group, err)
+		}
+		for _, c := range r.Configs {
+			if c.Name == "share.record.lock.duration.ms" && c.Source == kmsg.ConfigSourceGroupConfig {
+				return lockMillis(c.Name, c.Value)
+			}
+		}
+	}
+	adm := kadm.NewClient(cl)
+	brokers, err := adm.ListBrokers(ctx)
+	if err != nil || len(brokers) == 0 {
+		return 0, fmt.Errorf("list brokers: %w", err)
+	}
+	rcs, err := adm.DescribeBrokerConfigs(ctx, brokers[0].NodeID)
+	if err != nil {
+		return 0, fmt.Errorf("describe configs of broker %d: %w", brokers[0].NodeID, err)
+	}
+	for _, rc := range rcs {
+		for _, c := range rc.Configs {
+			if c.Key == "group.share.record.lock.duration.ms" {
+				return lockMillis(c.Key, c.Value)
+			}
+		}
+	}
+	return DefaultShareLease, nil
+}
+
+func lockMillis(name string, v *string) (time.Duration, error) {
+	if v == nil {
+		return DefaultShareLease, nil
+	}
+	ms, err := strconv.ParseInt(*v, 10, 64)
+	if err != nil || ms <= 0 {
+		return 0, fmt.Errorf("%s = %q: want a positive number of milliseconds", name, *v)
+	}
+	return time.Duration(ms) * time.Millisecond, nil
 }
 
 // setShareAutoOffsetReset sets the share group's share.auto.offset.reset.
@@ -142,7 +205,8 @@ func setShareAutoOffsetReset(ctx context.Context, cfg Config, v string) error {
 func (s *ShareSource) Client() *kgo.Client { return s.cl }
 
 // Capabilities: DeliveryCount (Attempt is the broker's delivery count),
-// Lease (the acquisition lock, 30s by default) with ExtendLease (AckRenew,
+// Lease (the acquisition lock, as the group's or the broker's config says
+// when the source was opened: 30s by default) with ExtendLease (AckRenew,
 // Kafka 4.2+). No Delay: Release redelivers at once, so the engine retries
 // in place. Not Ordered: members of a share group share partitions.
 func (s *ShareSource) Capabilities() adapters.Capabilities {

@@ -189,3 +189,55 @@ func shareAutoOffsetReset(t *testing.T, brokers []string, group string) string {
 	}
 	return ""
 }
+
+// TestShareLeaseFromBrokerAndGroupConfig: the share source's lease (what the
+// engine heartbeats against) is the record lock the broker applies: the
+// broker's group.share.record.lock.duration.ms, overridden by the group's
+// share.record.lock.duration.ms; 30s by default.
+func TestShareLeaseFromBrokerAndGroupConfig(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
+		kfake.BrokerConfigs(map[string]string{"group.share.record.lock.duration.ms": "12000"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	cfg := testConfig(t, brokers, 1)
+	if got := openShare(t, cfg).Capabilities().Lease; got != 12*time.Second {
+		t.Fatalf("lease %v with the broker's lock at 12s", got)
+	}
+
+	// A group-level override wins.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	cfg2 := cfg
+	cfg2.Group = uniq("share-g")
+	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
+	res := kmsg.NewIncrementalAlterConfigsRequestResource()
+	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
+	res.ResourceName = cfg2.Group
+	rc := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
+	rc.Name = "share.record.lock.duration.ms"
+	v := "9000"
+	rc.Value = &v
+	res.Configs = append(res.Configs, rc)
+	req.Resources = append(req.Resources, res)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil || len(resp.Resources) != 1 || resp.Resources[0].ErrorCode != 0 {
+		t.Fatalf("alter group config: %v %+v", err, resp)
+	}
+	if got := openShare(t, cfg2).Capabilities().Lease; got != 9*time.Second {
+		t.Fatalf("lease %v with the group's lock at 9s", got)
+	}
+
+	// Nothing configured: the broker default.
+	if got := openShare(t, testConfig(t, newCluster(t), 1)).Capabilities().Lease; got != DefaultShareLease {
+		t.Fatalf("lease %v with no configuration, want %v", got, DefaultShareLease)
+	}
+}
