@@ -25,15 +25,15 @@
 // one, and each message is acknowledged as soon as its handler returned.
 // Fast handlers get the ready messages in batches, one per worker, and a
 // worker acknowledges and finishes the messages of its batch together, at
-// least every 8 messages: a message may wait for up to 7 messages run after
-// it before it is acknowledged and its key and in-flight place are freed
-// (and if one of those hangs past the drain deadline, until it returns).
-// Handlers cheaper than a hand-off (below about 1µs) run on the receiving
-// goroutine itself. A message that blocks in a batch holds back the
-// messages of its batch not started yet for a few milliseconds at most: a
-// stall watch then hands them to the other workers and falls back to one
-// message at a time. Per-key order, Concurrency and MaxInFlight hold in every
-// mode.
+// least every 8 messages: a message may wait for up to 7 fast messages run
+// after it before it is acknowledged and its key and in-flight place are
+// freed. Handlers cheaper than a hand-off (below about 1µs) run on the
+// receiving goroutine itself. A message that blocks in a batch holds back
+// the rest of its batch, and the messages that finished before it, for a few
+// milliseconds at most: a stall watch (every 2ms) then acknowledges and
+// finishes those, hands the rest to the other workers and falls back to one
+// message at a time. Per-key order, Concurrency and MaxInFlight hold in
+// every mode.
 //
 // The handler pipeline has a fixed order owned by the engine: recover →
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -99,10 +100,13 @@ func (ch *chunk) exhausted() bool { return int(ch.next.Load()) >= len(ch.tasks) 
 
 // workerState is what a worker (or the receive loop running inline) holds.
 type workerState struct {
-	active   atomic.Pointer[chunk] // the chunk it runs; cleared under Consumer.mu
-	progress atomic.Uint32         // tasks it started; the stall watch reads it
-	ran      []ran                 // ran, not yet finished
-	done     []*ackwise.Message    // finished, to recycle after Consumer.mu is released
+	active atomic.Pointer[chunk] // the chunk it runs; cleared under Consumer.mu
+	// progress counts the handler calls started and ended (odd while a
+	// handler runs); the stall watch reads it, and sets takenBit while it
+	// takes ran from a worker stuck in a handler.
+	progress atomic.Uint64
+	ran      []ran              // ran, not yet finished; see progress
+	done     []*ackwise.Message // finished, to recycle after Consumer.mu is released
 }
 
 // ran is a task that ran and awaits its finish.
@@ -381,12 +385,16 @@ func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chu
 		if !ok {
 			break
 		}
-		w.progress.Add(1)
 		if single && !ch.exhausted() {
 			c.spread(ch)
 		}
 		n++
-		if res, elapsed := c.process(ctx, t); res != held {
+		p := w.progress.Add(1) // odd: in a handler; the stall watch may take w.ran
+		res, elapsed := c.process(ctx, t)
+		for !w.progress.CompareAndSwap(p, p+1) {
+			runtime.Gosched() // the stall watch is taking w.ran: a few instructions
+		}
+		if res != held {
 			w.ran = append(w.ran, ran{t, elapsed, res == succeeded})
 		}
 		if n == flushEvery && !ch.exhausted() {
@@ -413,26 +421,23 @@ const stallAfter = 2 * time.Millisecond
 
 // stallWatch guards the batched modes against a message that blocks: its
 // worker (or the receive loop, inline) would hold back the messages of its
-// batch not started yet, though other workers are idle. Every stallAfter it
-// looks for a worker that started no message since the last look while its
-// batch still has messages not started, hands those to the workers one by
-// one (spread) and falls back to single mode: handlers are not uniformly
-// fast. It does nothing while the mode is single.
+// batch not started yet, though other workers are idle, and the messages it
+// ran before, which wait to be acked and finished together. Every
+// stallAfter it looks for a worker that neither started nor ended a handler
+// since the last look. If its batch still has messages not started, it
+// hands those to the workers one by one (spread) and falls back to single
+// mode: handlers are not uniformly fast. If the worker is inside a handler
+// and has finished messages waiting, it acks and finishes them itself.
 func (c *Consumer) stallWatch(quit <-chan struct{}) {
 	t := time.NewTicker(stallAfter)
 	defer t.Stop()
-	seen := make([]uint32, len(c.workers))
+	seen := make([]uint64, len(c.workers))
+	var taken [][]ran
 	for {
 		select {
 		case <-t.C:
 		case <-quit:
 			return
-		}
-		if c.pace.mode.Load() == modeSingle || c.stopping.Load() {
-			for i, w := range c.workers {
-				seen[i] = w.progress.Load()
-			}
-			continue
 		}
 		// Under mu: a worker clears its active chunk under mu before the
 		// chunk is recycled.
@@ -441,14 +446,37 @@ func (c *Consumer) stallWatch(quit <-chan struct{}) {
 			p := w.progress.Load()
 			stalled := p == seen[i]
 			seen[i] = p
-			if ch := w.active.Load(); stalled && ch != nil && !ch.exhausted() {
+			if !stalled {
+				continue
+			}
+			if ch := w.active.Load(); ch != nil && !ch.exhausted() && !c.stopping.Load() {
 				c.pace.slow()
 				c.spreadLocked(ch)
 			}
+			// Stuck in a handler with finished messages not acked yet:
+			// ack and finish them here, so that they do not wait for it.
+			if p%2 == 1 && w.progress.CompareAndSwap(p, p|takenBit) {
+				if len(w.ran) > 0 {
+					taken = append(taken, w.ran)
+					w.ran = nil
+				}
+				w.progress.Store(p)
+			}
 		}
 		c.mu.Unlock()
+		for i, rs := range taken {
+			tmp := workerState{ran: rs}
+			if next := c.finishRan(&tmp, nil); next != nil {
+				c.handOff(next)
+			}
+			taken[i] = nil
+		}
+		taken = taken[:0]
 	}
 }
+
+// takenBit marks a worker's progress while the stall watch takes its ran.
+const takenBit = 1 << 63
 
 // spread hands the tasks of ch not yet claimed to the workers one by one:
 // the handlers are slow, and other workers may be idle.

@@ -362,3 +362,38 @@ func TestHandOffStalledBatchIsSpread(t *testing.T) {
 		})
 	}
 }
+
+// TestHandOffStuckWorkerFinishedMessagesAcked: the messages a worker ran
+// before one that blocks are acked and their keys released while it blocks,
+// not held until it returns: the stall watch finishes them.
+func TestHandOffStuckWorkerFinishedMessagesAcked(t *testing.T) {
+	t.Parallel()
+	for _, pace := range []string{"batch", "inline"} {
+		t.Run(pace, func(t *testing.T) {
+			t.Parallel()
+			const n, slow = 32, 5
+			src := newFakeSource(adapters.Capabilities{Delay: true}, msgs(n, n)...)
+			started, release := make(chan struct{}), make(chan struct{})
+			h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+				if m.ID == "e"+strconv.Itoa(slow) {
+					close(started)
+					<-release
+				}
+				return nil
+			})
+			// One worker and one receive of all n: one chunk of n.
+			c := newPaced(t, src, h, consumer.Config{Concurrency: 1, MaxInFlight: n, ReceiveBatch: n}, pace)
+			run(t, c)
+			<-started
+			// e0..e4 ran before e5 blocked; with one worker busy in e5 nothing
+			// else runs, so exactly those five must be settled.
+			if !src.waitSettled(slow, 5*time.Second) {
+				t.Fatalf("finished messages not acked while e%d blocks: %+v", slow, c.Stats())
+			}
+			close(release)
+			if !src.waitSettled(n, 5*time.Second) {
+				t.Fatalf("not all settled: %+v", c.Stats())
+			}
+		})
+	}
+}
