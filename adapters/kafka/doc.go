@@ -29,7 +29,7 @@
 // [Config.PollBatch] records when set), so that franz-go fetches the next
 // batch while these are handled, and hands them out len(buf) at a time;
 // records of a partition revoked meanwhile are dropped. The records held are
-// bounded by [Config.FetchMaxBytes].
+// bounded by about twice [Config.FetchMaxBytes] per broker.
 //
 // A released record ([Source.Release]: shutdown, a settle that failed) is
 // never committed past; while this member keeps its partition, the source
