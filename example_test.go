@@ -21,3 +21,17 @@ func ExamplePermanent() {
 	fmt.Println(ackwise.ClassOf(err))
 	// Output: permanent
 }
+
+func ExampleHeaders() {
+	h := ackwise.HeadersOf("x-tenant", "acme")
+	h.Add("x-hop", "eu-1")
+	h.Add("x-hop", "us-2") // a repeated key, as Kafka allows
+	fmt.Println(h.Get("x-hop"), h.Has("x-tenant"))
+
+	h.Set("x-hop", "ap-3") // one value again
+	h.Del("x-tenant")
+	fmt.Println(h)
+	// Output:
+	// us-2 true
+	// [{x-hop ap-3}]
+}
