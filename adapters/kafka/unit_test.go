@@ -157,14 +157,14 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestParseURL(t *testing.T) {
-	u, _ := url.Parse("kafka://alice:s3cret@h1:9092,h2:9093/orders?group=billing&tiers=10m,1m&dlq=orders.dead&sasl=scram-sha-512&tls=true&commit_interval=50ms")
+	u, _ := url.Parse("kafka://alice:s3cret@h1:9092,h2:9093/orders?group=billing&tiers=10m,1m&dlq=orders.dead&sasl=scram-sha-512&tls=true&commit_interval=50ms&poll_batch=500&fetch_max_bytes=4194304")
 	cfg, err := ParseURL(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(cfg.Brokers, []string{"h1:9092", "h2:9093"}) || cfg.Topic != "orders" || cfg.Group != "billing" ||
 		cfg.DeadLetterTopic != "orders.dead" || cfg.TLS == nil || cfg.SASL == nil || cfg.SASL.Name() != "SCRAM-SHA-512" ||
-		cfg.CommitInterval != 50*time.Millisecond || len(cfg.RetryTiers) != 2 {
+		cfg.CommitInterval != 50*time.Millisecond || len(cfg.RetryTiers) != 2 || cfg.PollBatch != 500 || cfg.FetchMaxBytes != 4<<20 {
 		t.Fatalf("parsed %+v", cfg)
 	}
 	if got := cfg.withDefaults().retryTopics(); !slices.Equal(got, []string{"orders.retry.1m", "orders.retry.10m"}) {
@@ -179,6 +179,9 @@ func TestParseURL(t *testing.T) {
 		"kafka://h1:9092/orders?tls=maybe",
 		"kafka://alice:s3cret@h1:9092/orders?sasl=plain&tier=1m", // misspelt: not ignored
 		"kafka://h1:9092/orders?group=a&group=b",
+		"kafka://h1:9092/orders?poll_batch=-1",
+		"kafka://h1:9092/orders?fetch_max_bytes=3000000000",
+		"kafka://h1:9092/orders?fetch_max_bytes=lots",
 	}
 	for _, raw := range bad {
 		u, err := url.Parse(raw)

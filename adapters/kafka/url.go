@@ -47,6 +47,7 @@ func init() {
 //     <topic>.retry.<tier>;
 //   - dlq: the dead-letter topic (default <topic>.dlq);
 //   - commit_interval, revoke_timeout: Go durations;
+//   - poll_batch, fetch_max_bytes: Config.PollBatch and Config.FetchMaxBytes;
 //   - start: earliest (default) or latest;
 //   - client_id;
 //   - tls: true to dial with TLS; tls_ca (PEM file of CAs to trust),
@@ -104,6 +105,20 @@ func ParseURL(u *url.URL) (Config, error) {
 			*dst = d
 		}
 	}
+	if v := q.Get("poll_batch"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("kafka: URL parameter poll_batch = %q: want a number of records (0: whole fetches)", v)
+		}
+		cfg.PollBatch = n
+	}
+	if v := q.Get("fetch_max_bytes"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 32)
+		if err != nil || n < 0 {
+			return cfg, fmt.Errorf("kafka: URL parameter fetch_max_bytes = %q: want a number of bytes below 2^31 (0: the client's default)", v)
+		}
+		cfg.FetchMaxBytes = int32(n)
+	}
 	tlsCfg, err := tlsFromQuery(q)
 	if err != nil {
 		return cfg, err
@@ -137,6 +152,7 @@ var urlParams = map[string]bool{
 	"group": true, "tiers": true, "retry_prefix": true, "dlq": true, "commit_interval": true, "revoke_timeout": true,
 	"start": true, "client_id": true, "tls": true, "tls_ca": true, "tls_cert": true, "tls_key": true,
 	"tls_server_name": true, "tls_insecure_skip_verify": true, "sasl": true,
+	"poll_batch": true, "fetch_max_bytes": true,
 }
 
 func tlsFromQuery(q url.Values) (*tls.Config, error) {
