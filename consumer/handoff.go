@@ -235,14 +235,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 		}
 	}
 	chunks := c.dispatchBuf[:0]
-	size := c.chunkSize(len(ready))
-	for ts := ready; len(ts) > 0; {
-		k := min(size, len(ts))
-		ch := c.newChunkLocked()
-		ch.tasks = append(ch.tasks, ts[:k]...)
-		chunks = append(chunks, ch)
-		ts = ts[k:]
-	}
+	c.splitLocked(ready, func(ch *chunk) { chunks = append(chunks, ch) })
 	c.mu.Unlock()
 	// The work queue has room for MaxInFlight chunks and every chunk holds
 	// an in-flight message: these sends never block.
@@ -265,12 +258,18 @@ func (c *Consumer) chunkSize(n int) int {
 
 // queueLocked hands tasks to the workers. Called with c.mu held.
 func (c *Consumer) queueLocked(ts ...task) {
+	c.splitLocked(ts, func(ch *chunk) { c.work <- ch })
+}
+
+// splitLocked cuts ts into chunks of chunkSize tasks and passes each to
+// emit. Called with c.mu held.
+func (c *Consumer) splitLocked(ts []task, emit func(*chunk)) {
 	size := c.chunkSize(len(ts))
 	for len(ts) > 0 {
 		k := min(size, len(ts))
 		ch := c.newChunkLocked()
 		ch.tasks = append(ch.tasks, ts[:k]...)
-		c.work <- ch
+		emit(ch)
 		ts = ts[k:]
 	}
 }
@@ -511,12 +510,7 @@ func (c *Consumer) handOff(next *chunk) {
 		c.work <- next
 		return
 	}
-	for t, ok := next.claim(); ok; t, ok = next.claim() {
-		c.releaseLane(t)
-	}
-	c.mu.Lock()
-	c.recycleLocked(next)
-	c.mu.Unlock()
+	c.releaseChunk(nil, next)
 }
 
 // finishRan acks the successes among the messages w ran, then finishes them
@@ -632,14 +626,17 @@ func (c *Consumer) releaseLane(t task) {
 	}
 }
 
-// releaseChunk releases the tasks of ch, w's chunk, that nobody claimed,
-// with the messages behind them in their lanes, and recycles ch.
+// releaseChunk releases the tasks of ch that nobody claimed, with the
+// messages behind them in their lanes, and recycles ch. w, when not nil, is
+// the worker whose active chunk ch is.
 func (c *Consumer) releaseChunk(w *workerState, ch *chunk) {
 	for t, ok := ch.claim(); ok; t, ok = ch.claim() {
 		c.releaseLane(t)
 	}
 	c.mu.Lock()
-	w.active.Store(nil)
+	if w != nil {
+		w.active.Store(nil)
+	}
 	c.recycleLocked(ch)
 	c.mu.Unlock()
 }

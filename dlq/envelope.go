@@ -145,12 +145,7 @@ func (e Envelope) Encode(h *ackwise.Headers) {
 // own headers are kept; envelope headers from an earlier dead-lettering (a
 // redriven message that failed again) are replaced.
 func (e Envelope) Apply(headers ackwise.Headers) ackwise.Headers {
-	out := make(ackwise.Headers, 0, len(headers)+12)
-	for _, kv := range headers {
-		if !strings.HasPrefix(kv.Key, HeaderPrefix) {
-			out = append(out, kv)
-		}
-	}
+	out := withoutEnvelope(headers, 12)
 	e.Encode(&out)
 	return out
 }
@@ -209,7 +204,13 @@ func Decode(h ackwise.Headers) (Envelope, error) {
 // Strip returns a copy of headers without the envelope, for redrive: the
 // message goes back to its source as it was, its event ID included.
 func Strip(headers ackwise.Headers) ackwise.Headers {
-	out := make(ackwise.Headers, 0, len(headers))
+	return withoutEnvelope(headers, 0)
+}
+
+// withoutEnvelope copies headers without the envelope's, with room for
+// extra more.
+func withoutEnvelope(headers ackwise.Headers, extra int) ackwise.Headers {
+	out := make(ackwise.Headers, 0, len(headers)+extra)
 	for _, kv := range headers {
 		if !strings.HasPrefix(kv.Key, HeaderPrefix) {
 			out = append(out, kv)

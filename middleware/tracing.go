@@ -140,10 +140,4 @@ func (c headerCarrier) Get(key string) string {
 
 func (c headerCarrier) Set(key, value string) { c.h.Set(key, value) }
 
-func (c headerCarrier) Keys() []string {
-	keys := make([]string, 0, len(*c.h))
-	for _, kv := range *c.h {
-		keys = append(keys, kv.Key)
-	}
-	return keys
-}
+func (c headerCarrier) Keys() []string { return c.h.Keys() }
