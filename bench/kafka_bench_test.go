@@ -91,6 +91,18 @@ func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32
 	runtime.GC()
 }
 
+// kafkaFilledTopic starts a cluster with a topic of b.N records over
+// kafkaPartitions partitions and kafkaKeys keys, then starts the timer.
+func kafkaFilledTopic(b *testing.B, prefix string) (brokers []string, topic string) {
+	b.Helper()
+	brokers = kafkaCluster(b)
+	topic = kafkaName(prefix)
+	kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
+	b.ReportAllocs()
+	b.ResetTimer()
+	return brokers, topic
+}
+
 // BenchmarkKafkaConsumeCommit consumes b.N records with a no-op handler and
 // commits them, side by side: the raw franz-go poll/handle/commit loop (the
 // ceiling), the ackwise source driven directly (Receive, Ack, Recycle), the ackwise
@@ -99,11 +111,7 @@ func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32
 // are inside the timer for all.
 func BenchmarkKafkaConsumeCommit(b *testing.B) {
 	b.Run("raw-franz-go", func(b *testing.B) {
-		brokers := kafkaCluster(b)
-		topic := kafkaName("raw")
-		kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
-		b.ReportAllocs()
-		b.ResetTimer()
+		brokers, topic := kafkaFilledTopic(b, "raw")
 		start := time.Now()
 		// The same isolation level as the ackwise source (read_committed):
 		// kfake serves it more slowly than read_uncommitted, and the ratio
@@ -131,11 +139,7 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 	})
 
 	b.Run("ackwise-source", func(b *testing.B) {
-		brokers := kafkaCluster(b)
-		topic := kafkaName("src")
-		kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
-		b.ReportAllocs()
-		b.ResetTimer()
+		brokers, topic := kafkaFilledTopic(b, "src")
 		start := time.Now()
 		ctx := context.Background()
 		src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
@@ -166,11 +170,7 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 	})
 
 	b.Run("ackwise-engine", func(b *testing.B) {
-		brokers := kafkaCluster(b)
-		topic := kafkaName("eng")
-		kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
-		b.ReportAllocs()
-		b.ResetTimer()
+		brokers, topic := kafkaFilledTopic(b, "eng")
 		start := time.Now()
 		ctx := context.Background()
 		src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
@@ -190,11 +190,7 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 	})
 
 	b.Run("watermill-kafka", func(b *testing.B) {
-		brokers := kafkaCluster(b)
-		topic := kafkaName("wm")
-		kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
-		b.ReportAllocs()
-		b.ResetTimer()
+		brokers, topic := kafkaFilledTopic(b, "wm")
 		start := time.Now()
 		scfg := wkafka.DefaultSaramaSubscriberConfig()
 		scfg.Consumer.Offsets.Initial = sarama.OffsetOldest
