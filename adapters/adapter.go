@@ -120,6 +120,17 @@ type Recycler interface {
 	Recycle(msgs ...*ackwise.Message)
 }
 
+// BatchAcker is implemented by sources that ack a batch of messages for
+// less than acking each one (one lock, one call). The engine acks the
+// messages its workers finished together through AckBatch when the source
+// has it, and through Ack otherwise.
+type BatchAcker interface {
+	// AckBatch acks each of msgs as Ack would, in order, and sets errs[i]
+	// to the error Ack would have returned for msgs[i] (nil once acked).
+	// len(errs) must equal len(msgs). It is safe for concurrent use.
+	AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error)
+}
+
 // Sink publishes messages to one topic, exchange or queue.
 //
 // Publish may be called concurrently.

@@ -26,7 +26,8 @@ var ErrDrainTimeout = errors.New("consumer: drain timed out: handlers still runn
 // Consumer runs a handler on the messages of one source. Create it with New.
 type Consumer struct {
 	src       adapters.Source
-	recycler  adapters.Recycler // src, when it reuses messages; else nil
+	recycler  adapters.Recycler   // src, when it reuses messages; else nil
+	acker     adapters.BatchAcker // src, when it acks batches; else nil
 	caps      adapters.Capabilities
 	cfg       Config
 	h         ackwise.Handler
@@ -96,9 +97,11 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	cfg = cfg.withDefaults()
 	caps := src.Capabilities()
 	recycler, _ := src.(adapters.Recycler)
+	acker, _ := src.(adapters.BatchAcker)
 	c := &Consumer{
 		src:      src,
 		recycler: recycler,
+		acker:    acker,
 		caps:     caps,
 		cfg:      cfg,
 		clock:    cfg.Clock,

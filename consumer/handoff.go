@@ -107,6 +107,8 @@ type workerState struct {
 	progress atomic.Uint64
 	ran      []ran              // ran, not yet finished; see progress
 	done     []*ackwise.Message // finished, to recycle after Consumer.mu is released
+	acks     []*ackwise.Message // of ran, to ack in one batch
+	ackErrs  []error            // AckBatch's errors for acks
 }
 
 // ran is a task that ran and awaits its finish.
@@ -518,11 +520,7 @@ func (c *Consumer) handOff(next *chunk) {
 // chunk, or nil. When done is not nil, w is done with that chunk, and it is
 // recycled.
 func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
-	for _, r := range w.ran {
-		if r.ack {
-			c.settle(r.msg, Acked, r.elapsed, c.src.Ack(c.settleCtx, r.msg))
-		}
-	}
+	c.ackRan(w)
 	c.mu.Lock()
 	var next *chunk
 	if len(w.ran) > 0 {
@@ -552,6 +550,42 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 		w.done = w.done[:0]
 	}
 	return next
+}
+
+// ackRan acks the messages of w.ran whose handlers succeeded: in one
+// batch when the source acks batches.
+func (c *Consumer) ackRan(w *workerState) {
+	if c.acker == nil {
+		for _, r := range w.ran {
+			if r.ack {
+				c.settle(r.msg, Acked, r.elapsed, c.src.Ack(c.settleCtx, r.msg))
+			}
+		}
+		return
+	}
+	for _, r := range w.ran {
+		if r.ack {
+			w.acks = append(w.acks, r.msg)
+		}
+	}
+	if len(w.acks) == 0 {
+		return
+	}
+	if cap(w.ackErrs) < len(w.acks) {
+		w.ackErrs = make([]error, len(w.acks), cap(w.acks))
+	}
+	errs := w.ackErrs[:len(w.acks)]
+	c.acker.AckBatch(c.settleCtx, w.acks, errs)
+	i := 0
+	for _, r := range w.ran {
+		if r.ack {
+			c.settle(r.msg, Acked, r.elapsed, errs[i])
+			i++
+		}
+	}
+	clear(w.acks)
+	clear(errs)
+	w.acks = w.acks[:0]
 }
 
 // finishLocked ends t: its message was settled or released. It frees its

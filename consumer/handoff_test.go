@@ -405,3 +405,44 @@ func TestHandOffStuckWorkerFinishedMessagesAcked(t *testing.T) {
 		})
 	}
 }
+
+// failingBatchAck acks in batches and fails the ack of one message, as a
+// broker that lost the message's partition would.
+type failingBatchAck struct {
+	*fakeSource
+	bad string // the ID whose ack fails
+}
+
+func (s failingBatchAck) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
+	for i, m := range msgs {
+		if m.ID == s.bad {
+			errs[i] = errors.New("ack: not the owner any more")
+			continue
+		}
+		errs[i] = s.Ack(ctx, m)
+	}
+}
+
+// A message whose ack fails in a batch is counted SettleFailed and handed
+// back (released); the other messages of the batch are acked.
+func TestBatchAckFailureReleases(t *testing.T) {
+	for _, pace := range paces {
+		t.Run(pace, func(t *testing.T) {
+			in := msgs(20, 4)
+			src := newFakeSource(adapters.Capabilities{}, in...)
+			c := newPaced(t, failingBatchAck{src, in[7].ID}, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil }), consumer.Config{Concurrency: 2}, pace)
+			run(t, c)
+			if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Acked+s.SettleFailed == 20 && s.InFlight == 0 }) {
+				t.Fatalf("stats %+v", c.Stats())
+			}
+			if st := c.Stats(); st.Acked != 19 || st.SettleFailed != 1 {
+				t.Fatalf("acked %d, settle failed %d; want 19 and 1", st.Acked, st.SettleFailed)
+			}
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			if len(src.released) != 1 || src.released[0].ID != in[7].ID || len(src.acked) != 19 {
+				t.Fatalf("released %d (want only %s), acked %d", len(src.released), in[7].ID, len(src.acked))
+			}
+		})
+	}
+}

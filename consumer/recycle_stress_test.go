@@ -131,49 +131,67 @@ func (o obs) Observe(m *ackwise.Message, _ consumer.Outcome, _ time.Duration) {
 	o.s.use("Observe", m, false)
 }
 
+// batchReuseSource is a reuseSource that acks in batches
+// (adapters.BatchAcker): the engine takes another path to ack.
+type batchReuseSource struct{ *reuseSource }
+
+func (s batchReuseSource) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
+	for i, m := range msgs {
+		errs[i] = s.Ack(ctx, m)
+	}
+}
+
+var _ adapters.BatchAcker = batchReuseSource{}
+
 func TestRecycleStressSettleOnce(t *testing.T) {
 	for _, pace := range paces {
 		for _, mode := range []consumer.RetryMode{consumer.RetryInPlace, consumer.RetryBroker} {
-			t.Run(fmt.Sprintf("%s/%v", pace, mode), func(t *testing.T) {
-				const n = 3000
-				src := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true, Lease: 30 * time.Millisecond, ExtendLease: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
-				src.cond = sync.NewCond(&src.mu)
-				var calls atomic.Int64
-				h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
-					c := calls.Add(1)
-					switch c % 17 {
-					case 3:
-						return errors.New("transient")
-					case 5:
-						return ackwise.Permanent(errors.New("bad"))
-					case 7:
-						time.Sleep(30 * time.Microsecond)
+			for _, batchAck := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%v/batchAck=%t", pace, mode, batchAck), func(t *testing.T) {
+					const n = 3000
+					src := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true, Lease: 30 * time.Millisecond, ExtendLease: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
+					src.cond = sync.NewCond(&src.mu)
+					var source adapters.Source = src
+					if batchAck {
+						source = batchReuseSource{src}
 					}
-					if c%101 == 0 {
-						panic("boom")
+					var calls atomic.Int64
+					h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
+						c := calls.Add(1)
+						switch c % 17 {
+						case 3:
+							return errors.New("transient")
+						case 5:
+							return ackwise.Permanent(errors.New("bad"))
+						case 7:
+							time.Sleep(30 * time.Microsecond)
+						}
+						if c%101 == 0 {
+							panic("boom")
+						}
+						return nil
+					})
+					c := newPaced(t, source, h, consumer.Config{Concurrency: 3, MaxInFlight: 40, ReceiveBatch: 16, RetryMode: mode, Observer: obs{src}, Retry: retry.Policy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond}}, pace)
+					stop := run(t, c)
+					deadline := time.Now().Add(20 * time.Second)
+					for {
+						done := src.acks.Load() + src.nacks.Load() + src.dead.Load()
+						if mode == consumer.RetryInPlace && done >= n {
+							break
+						}
+						if mode == consumer.RetryBroker && done >= n {
+							break
+						}
+						if time.Now().After(deadline) {
+							t.Fatalf("stuck: %+v", c.Stats())
+						}
+						time.Sleep(time.Millisecond)
 					}
-					return nil
+					if err := stop(); err != nil {
+						t.Fatal(err)
+					}
 				})
-				c := newPaced(t, src, h, consumer.Config{Concurrency: 3, MaxInFlight: 40, ReceiveBatch: 16, RetryMode: mode, Observer: obs{src}, Retry: retry.Policy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond}}, pace)
-				stop := run(t, c)
-				deadline := time.Now().Add(20 * time.Second)
-				for {
-					done := src.acks.Load() + src.nacks.Load() + src.dead.Load()
-					if mode == consumer.RetryInPlace && done >= n {
-						break
-					}
-					if mode == consumer.RetryBroker && done >= n {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("stuck: %+v", c.Stats())
-					}
-					time.Sleep(time.Millisecond)
-				}
-				if err := stop(); err != nil {
-					t.Fatal(err)
-				}
-			})
+			}
 		}
 	}
 }

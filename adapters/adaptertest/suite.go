@@ -47,6 +47,7 @@ func Run(t *testing.T, h Harness) {
 		{"NothingLostAcrossRestart", testRestart},
 		{"DrainOnShutdown", testDrain},
 		{"InFlightBounded", testInFlightBounded},
+		{"BatchAckSettles", testBatchAck},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -613,5 +614,52 @@ func testInFlightBounded(t *testing.T, h Harness) {
 	sort.Strings(ids)
 	if len(ids) != n {
 		t.Fatalf("handled %d distinct, want %d", len(ids), n)
+	}
+}
+
+// testBatchAck checks AckBatch where the source has it: it acks like Ack,
+// reports a second ack of the same delivery as Ack would, and what it acked
+// is not delivered again after a restart.
+func testBatchAck(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{Lease: time.Second})
+	src := f.NewSource(t)
+	acker, ok := src.(adapters.BatchAcker)
+	if !ok {
+		t.Log("the source acks one message at a time (no AckBatch): nothing to check")
+		return
+	}
+	in := batch(4, 1)
+	publish(t, f, in[:3])
+	got := []*ackwise.Message{receiveOne(t, src), receiveOne(t, src), receiveOne(t, src)}
+	for i, m := range got {
+		if m.ID != in[i].ID {
+			t.Fatalf("received %s at %d, want %s", m.ID, i, in[i].ID)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	errs := make([]error, 2)
+	acker.AckBatch(ctx, got[:2], errs)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("AckBatch: message %d: %v", i, err)
+		}
+	}
+	errs = []error{nil, errors.New("not set")}
+	acker.AckBatch(ctx, []*ackwise.Message{got[0], got[2]}, errs)
+	if errs[0] == nil {
+		t.Fatal("AckBatch of a message acked before: no error, want the one Ack returns")
+	}
+	if errs[1] != nil {
+		t.Fatalf("AckBatch: third message: %v", errs[1])
+	}
+	if err := src.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	// After a restart the next delivery is a message published after the
+	// acked ones: none of them comes back.
+	publish(t, f, in[3:])
+	if next := receiveOne(t, f.NewSource(t)); next.ID != in[3].ID {
+		t.Fatalf("after the restart received %s, want %s (acked messages came back)", next.ID, in[3].ID)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -41,11 +42,11 @@ type Source struct {
 
 	// Message building, by the goroutine calling Receive and without mu:
 	// records to deliver are picked under mu, their messages built after.
-	build   []toBuild
-	scratch []byte           // key, header values and broker ID of one record
-	slab    []delivery       // new deliveries are carved from it
-	hslab   []ackwise.Header // headers beyond a delivery's own room
-	local   []*delivery      // recycled deliveries taken from freed
+	build []toBuild
+	strs  []byte           // append-only chunk the messages' strings are carved from
+	slab  []delivery       // new deliveries are carved from it
+	hslab []ackwise.Header // headers beyond a delivery's own room
+	local []*delivery      // recycled deliveries taken from freed
 
 	freeMu sync.Mutex
 	freed  []*delivery // recycled deliveries, under freeMu
@@ -94,8 +95,9 @@ type delivery struct {
 }
 
 var (
-	_ adapters.Source   = (*Source)(nil)
-	_ adapters.Recycler = (*Source)(nil)
+	_ adapters.Source     = (*Source)(nil)
+	_ adapters.Recycler   = (*Source)(nil)
+	_ adapters.BatchAcker = (*Source)(nil)
 )
 
 // NewSource joins cfg.Group on cfg.Topic (and its retry topics, when
@@ -566,9 +568,12 @@ func retryDue(r *kgo.Record) time.Time {
 }
 
 // message builds the Message of a record. Called by the goroutine calling
-// Receive (it uses s.scratch, the slabs and the recycled deliveries). The key, the header values and
-// the broker ID share one string allocation; the Message, its receipt and
-// its headers are carved from slabs.
+// Receive (it uses s.strs, the slabs and the recycled deliveries). The key,
+// the header values and the broker ID are strings carved from a shared,
+// append-only chunk (see strChunk); the Message, its receipt and its headers
+// are carved from slabs or recycled. The Message is written once: while the
+// garbage collector marks, every pointer written into a recycled delivery
+// costs a write barrier.
 func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ackwise.Message {
 	if len(s.local) == 0 {
 		s.freeMu.Lock()
@@ -589,42 +594,24 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 		d = &s.slab[0]
 		s.slab = s.slab[1:]
 	}
-	d.rc = receipt{p: p, seq: seq, gen: gen, d: d}
-	// Every field, in one assignment: a recycled delivery holds the last
-	// message's.
-	d.msg = ackwise.Message{
-		Payload:     r.Value,
-		Source:      r.Topic,
-		Partition:   r.Partition,
-		Offset:      r.Offset,
-		Attempt:     1,
-		PublishedAt: r.Timestamp,
-		Handle:      &d.rc,
-	}
-	m := &d.msg
 
-	b := s.scratch[:0]
-	b = append(b, r.Key...)
-	for _, kv := range r.Headers {
-		b = append(b, kv.Value...)
-	}
-	b = append(b, p.idPrefix...)
-	b = strconv.AppendInt(b, r.Offset, 10)
-	s.scratch = b
-	blob := string(b)
+	blob := s.strings(p, r)
 	i := 0
 	take := func(n int) string {
 		v := blob[i : i+n]
 		i += n
 		return v
 	}
+	var key, id string
 	if len(r.Key) > 0 {
-		m.Key = take(len(r.Key))
+		key = take(len(r.Key))
 	}
+	src, part, off, attempt := r.Topic, r.Partition, r.Offset, 1
+	var firstFailure time.Time
+	var h ackwise.Headers
 	if n := len(r.Headers); n > 0 {
 		// Full slice expressions: an append by the handler reallocates
 		// instead of writing over another message's headers.
-		var h ackwise.Headers
 		if n <= len(d.hdrs) {
 			h = d.hdrs[:0:n]
 		} else {
@@ -642,40 +629,85 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 				continue
 			case HeaderOriginalTopic:
 				if p.retry {
-					m.Source = v
+					src = v
 					continue
 				}
 			case HeaderOriginalPartition:
 				if p.retry {
 					if n, err := strconv.ParseInt(v, 10, 32); err == nil {
-						m.Partition = int32(n)
+						part = int32(n)
 					}
 					continue
 				}
 			case HeaderOriginalOffset:
 				if p.retry {
 					if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-						m.Offset = n
+						off = n
 					}
 					continue
 				}
 			case ackwise.HeaderEventID:
-				m.ID = v // the last one wins, as with Headers.Get
+				id = v // the last one wins, as with Headers.Get
 			case ackwise.HeaderAttempt:
 				if n, err := strconv.Atoi(v); err == nil && n > 0 {
-					m.Attempt = n
+					attempt = n
 				}
 			case ackwise.HeaderFirstFailure:
 				if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
-					m.FirstFailure = t
+					firstFailure = t
 				}
 			}
 			h = append(h, ackwise.Header{Key: k, Value: v})
 		}
-		m.Headers = h[:len(h):len(h)]
+		h = h[:len(h):len(h)]
 	}
-	m.BrokerID = blob[i:]
-	return m
+	d.rc = receipt{p: p, seq: seq, gen: gen, d: d}
+	// Every field, in one assignment: a recycled delivery holds the last
+	// message's.
+	d.msg = ackwise.Message{
+		ID:           id,
+		Key:          key,
+		Payload:      r.Value,
+		Headers:      h,
+		Source:       src,
+		Partition:    part,
+		Offset:       off,
+		BrokerID:     blob[i:],
+		Attempt:      attempt,
+		PublishedAt:  r.Timestamp,
+		FirstFailure: firstFailure,
+		Handle:       &d.rc,
+	}
+	return &d.msg
+}
+
+// strChunk is the size of the chunks the strings of messages are carved
+// from: one allocation serves about 40 records of a typical size, instead
+// of one each. A string kept after its message is recycled keeps its
+// chunk alive (at most strChunk bytes), as a kept Payload keeps its fetch.
+const strChunk = 2048
+
+// strings returns r's key, header values (in order) and broker ID,
+// concatenated, as one string carved from s.strs. The bytes of s.strs below
+// its length are never written again, which is what makes the unsafe.String
+// over them immutable.
+func (s *Source) strings(p *partition, r *kgo.Record) string {
+	n := len(r.Key) + len(p.idPrefix) + 20 // 20: the digits of any int64
+	for _, kv := range r.Headers {
+		n += len(kv.Value)
+	}
+	if cap(s.strs)-len(s.strs) < n {
+		s.strs = make([]byte, 0, max(strChunk, n))
+	}
+	start := len(s.strs)
+	b := append(s.strs, r.Key...)
+	for _, kv := range r.Headers {
+		b = append(b, kv.Value...)
+	}
+	b = append(b, p.idPrefix...)
+	b = strconv.AppendInt(b, r.Offset, 10)
+	s.strs = b
+	return unsafe.String(&b[start], len(b)-start)
 }
 
 // receiptOf returns msg's receipt, or an error when msg was not delivered by
@@ -693,29 +725,56 @@ func receiptOf(msg *ackwise.Message) (*receipt, error) {
 
 // settle moves msg to state st.
 func (s *Source) settle(msg *ackwise.Message, st uint8) error {
+	s.mu.Lock()
+	kick, err := s.settleLocked(msg, st)
+	s.mu.Unlock()
+	if kick {
+		s.kickCommitter()
+	}
+	return err
+}
+
+// AckBatch acks msgs under one lock: see adapters.BatchAcker.
+func (s *Source) AckBatch(_ context.Context, msgs []*ackwise.Message, errs []error) {
+	if len(errs) != len(msgs) {
+		panic(fmt.Sprintf("kafka: AckBatch: %d errors for %d messages", len(errs), len(msgs)))
+	}
+	kick := false
+	s.mu.Lock()
+	for i, msg := range msgs {
+		var k bool
+		k, errs[i] = s.settleLocked(msg, stSettled)
+		kick = kick || k
+	}
+	s.mu.Unlock()
+	if kick {
+		s.kickCommitter()
+	}
+}
+
+// settleLocked moves msg to state st and reports whether the committer has
+// new settled offsets to commit. Called with s.mu held.
+func (s *Source) settleLocked(msg *ackwise.Message, st uint8) (kick bool, err error) {
 	rc, err := receiptOf(msg)
 	if err != nil {
-		return err
+		return false, err
 	}
 	p := rc.p
-	s.mu.Lock()
 	if p.own.Load() == ownGone {
-		s.mu.Unlock()
-		return fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
+		return false, fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
 	}
-	ok := p.settleGen(rc.seq, rc.gen, st)
-	kick := ok && st == stSettled && p.dirty()
-	s.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("kafka: %s: already settled or released", msg.BrokerID)
+	if !p.settleGen(rc.seq, rc.gen, st) {
+		return false, fmt.Errorf("kafka: %s: already settled or released", msg.BrokerID)
 	}
-	if kick {
-		select {
-		case s.kick <- struct{}{}:
-		default:
-		}
+	return st == stSettled && p.dirty(), nil
+}
+
+// kickCommitter tells the committer there is something to commit.
+func (s *Source) kickCommitter() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
 	}
-	return nil
 }
 
 // checkValid fails with ErrReceiptInvalid when msg's partition is gone.
