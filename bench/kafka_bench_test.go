@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -103,6 +104,24 @@ func kafkaFilledTopic(b *testing.B, prefix string) (brokers []string, topic stri
 	return brokers, topic
 }
 
+// cpuNow is the CPU time (user and system) this process used so far. The
+// broker runs in the process too, so it is the CPU one record costs the
+// client and the broker together.
+func cpuNow() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportRate reports msgs/s and the process's CPU per record since start
+// and cpu0.
+func reportRate(b *testing.B, start time.Time, cpu0 time.Duration) {
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+	b.ReportMetric(float64(cpuNow()-cpu0)/float64(b.N), "cpu-ns/op")
+}
+
 // BenchmarkKafkaConsumeCommit consumes b.N records with a no-op handler and
 // commits them, side by side: the raw franz-go poll/handle/commit loop (the
 // ceiling), the ackwise source driven directly (Receive, Ack, Recycle), the ackwise
@@ -112,7 +131,7 @@ func kafkaFilledTopic(b *testing.B, prefix string) (brokers []string, topic stri
 func BenchmarkKafkaConsumeCommit(b *testing.B) {
 	b.Run("raw-franz-go", func(b *testing.B) {
 		brokers, topic := kafkaFilledTopic(b, "raw")
-		start := time.Now()
+		start, cpu0 := time.Now(), cpuNow()
 		// The same isolation level as the ackwise source (read_committed):
 		// kfake serves it more slowly than read_uncommitted, and the ratio
 		// is about the client side.
@@ -134,13 +153,13 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 			}
 		}
 		cl.Close()
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		reportRate(b, start, cpu0)
 		_ = sink
 	})
 
 	b.Run("ackwise-source", func(b *testing.B) {
 		brokers, topic := kafkaFilledTopic(b, "src")
-		start := time.Now()
+		start, cpu0 := time.Now(), cpuNow()
 		ctx := context.Background()
 		src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
 		if err != nil {
@@ -165,13 +184,13 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 		if err := src.Close(); err != nil {
 			b.Fatal(err)
 		}
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		reportRate(b, start, cpu0)
 		_ = sink
 	})
 
 	b.Run("ackwise-engine", func(b *testing.B) {
 		brokers, topic := kafkaFilledTopic(b, "eng")
-		start := time.Now()
+		start, cpu0 := time.Now(), cpuNow()
 		ctx := context.Background()
 		src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
 		if err != nil {
@@ -186,12 +205,12 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 			return nil
 		})
 		runEngine(b, src, h, consumer.Config{}, all)
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		reportRate(b, start, cpu0)
 	})
 
 	b.Run("watermill-kafka", func(b *testing.B) {
 		brokers, topic := kafkaFilledTopic(b, "wm")
-		start := time.Now()
+		start, cpu0 := time.Now(), cpuNow()
 		scfg := wkafka.DefaultSaramaSubscriberConfig()
 		scfg.Consumer.Offsets.Initial = sarama.OffsetOldest
 		sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
@@ -218,7 +237,7 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 		if err := sub.Close(); err != nil {
 			b.Fatal(err)
 		}
-		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+		reportRate(b, start, cpu0)
 		_ = sink
 	})
 }

@@ -576,12 +576,20 @@ func (c *Consumer) ackRan(w *workerState) {
 	}
 	errs := w.ackErrs[:len(w.acks)]
 	c.acker.AckBatch(c.settleCtx, w.acks, errs)
-	i := 0
+	i, acked := 0, 0
 	for _, r := range w.ran {
-		if r.ack {
-			c.settle(r.msg, Acked, r.elapsed, errs[i])
-			i++
+		if !r.ack {
+			continue
 		}
+		if errs[i] == nil && c.cfg.Observer == nil {
+			acked++ // counted at once below
+		} else {
+			c.settle(r.msg, Acked, r.elapsed, errs[i])
+		}
+		i++
+	}
+	if acked > 0 {
+		c.stats.outcomes[Acked].Add(uint64(acked))
 	}
 	clear(w.acks)
 	clear(errs)

@@ -16,7 +16,8 @@ import (
 // acking and recycling them. One op is one record.
 func BenchmarkDeliverAck(b *testing.B) {
 	const batch = 4096
-	s := &Source{parts: map[topicPartition]*partition{}, kick: make(chan struct{}, 1)}
+	// PollBatch set: there is no client to read ahead from.
+	s := &Source{cfg: Config{PollBatch: batch}, parts: map[topicPartition]*partition{}, kick: make(chan struct{}, 1)}
 	p := newPartition("orders-abcdef", 3, false)
 	p.own.Store(ownOwned)
 	s.parts[topicPartition{"orders-abcdef", 3}] = p

@@ -39,6 +39,8 @@ type Source struct {
 	parts   map[topicPartition]*partition
 	pending []pendingRun // polled, not yet delivered, under mu
 	pendIdx int
+	queued  int // records in pending[pendIdx:], under mu
+	last    int // records of the last poll that had some, under mu
 
 	// Message building, by the goroutine calling Receive and without mu:
 	// records to deliver are picked under mu, their messages built after.
@@ -382,8 +384,9 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 }
 
 // poll takes up to limit records from the client (all it has when limit is
-// negative), waiting until there are some or ctx is done, and stashes them.
-// It reports whether the client is closed.
+// negative), waiting until there are some or ctx is done, and stashes them;
+// with a nil ctx it takes what the client has buffered without waiting. It
+// reports whether the client is closed.
 func (s *Source) poll(ctx context.Context, limit int) (closed bool) {
 	fetches := s.cl.PollRecords(ctx, limit)
 	if fetches.IsClientClosed() {
@@ -410,6 +413,7 @@ type pendingRun struct {
 func (s *Source) stash(fetches kgo.Fetches) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	added := 0
 	if s.pendIdx > 0 {
 		// Drop the delivered runs, keeping those still to deliver.
 		k := copy(s.pending, s.pending[s.pendIdx:])
@@ -423,8 +427,13 @@ func (s *Source) stash(fetches kgo.Fetches) {
 		}
 		if p := s.parts[topicPartition{fp.Topic, fp.Partition}]; p != nil {
 			s.pending = append(s.pending, pendingRun{p: p, recs: fp.Records})
+			added += len(fp.Records)
 		}
 	})
+	s.queued += added
+	if added > 0 {
+		s.last = added
+	}
 }
 
 // takeDue delivers held retry records of owned partitions that are due and
@@ -482,6 +491,7 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 		run := &s.pending[s.pendIdx]
 		if len(run.recs) == 0 || run.p.own.Load() != ownOwned {
 			// Done, or revoked since the poll: its records are dropped.
+			s.queued -= len(run.recs)
 			*run = pendingRun{}
 			s.pendIdx++
 			continue
@@ -489,6 +499,7 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 		r, p := run.recs[0], run.p
 		run.recs[0] = nil
 		run.recs = run.recs[1:]
+		s.queued--
 		if p.next >= 0 && r.Offset < p.next {
 			// Seen before: fetched again after a rewind to a released
 			// record, which is delivered again; the others are skipped.
@@ -530,8 +541,17 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 		n++
 	}
 	pauseLocked(s.cl, pause)
+	ahead := n > 0 && s.cfg.PollBatch == 0 && s.queued <= s.last
 	s.mu.Unlock()
 	s.buildInto(buf)
+	if ahead && s.cl.BufferedFetchRecords() > 0 {
+		// Read ahead: take the next fetch as soon as the client has it,
+		// while this one is still being delivered. The client fetches
+		// again only once its buffered fetch is taken, so decoding the
+		// fetch after next overlaps delivering this one. Records wait
+		// here for at most one fetch beyond the one being delivered.
+		s.poll(nil, -1)
+	}
 	return n, len(pause) > 0
 }
 
@@ -661,24 +681,37 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 		}
 		h = h[:len(h):len(h)]
 	}
-	d.rc = receipt{p: p, seq: seq, gen: gen, d: d}
-	// Every field, in one assignment: a recycled delivery holds the last
-	// message's.
-	d.msg = ackwise.Message{
-		ID:           id,
-		Key:          key,
-		Payload:      r.Value,
-		Headers:      h,
-		Source:       src,
-		Partition:    part,
-		Offset:       off,
-		BrokerID:     blob[i:],
-		Attempt:      attempt,
-		PublishedAt:  r.Timestamp,
-		FirstFailure: firstFailure,
-		Handle:       &d.rc,
+	// Every field is set: a recycled delivery holds the last message's.
+	// Field by field, and pointers only where they changed: while the
+	// garbage collector marks, each pointer written costs a write barrier
+	// (a whole-struct assignment pays one for every pointer slot).
+	d.rc.seq, d.rc.gen = seq, gen
+	if d.rc.p != p {
+		d.rc.p = p
 	}
-	return &d.msg
+	if d.rc.d != d {
+		d.rc.d = d
+	}
+	m := &d.msg
+	m.ID = id
+	m.Key = key
+	m.Payload = r.Value
+	m.Headers = h
+	if m.Source != src {
+		m.Source = src
+	}
+	m.Partition = part
+	m.Offset = off
+	m.BrokerID = blob[i:]
+	m.Attempt = attempt
+	m.PublishedAt = r.Timestamp
+	if m.FirstFailure != firstFailure {
+		m.FirstFailure = firstFailure
+	}
+	if rc, ok := m.Handle.(*receipt); !ok || rc != &d.rc {
+		m.Handle = &d.rc
+	}
+	return m
 }
 
 // strChunk is the size of the chunks the strings of messages are carved
