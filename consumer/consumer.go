@@ -290,7 +290,7 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 			errBackoff = 0
 			c.stats.received.Add(uint64(n))
 			c.dispatch(buf[:n], w)
-			clear(buf[:n])
+			forget(c, buf[:n])
 		} else if err == nil && ctx.Err() == nil {
 			// The contract says Receive blocks for at least one message;
 			// do not spin on one that does not.

@@ -226,7 +226,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 			ch := c.newChunkLocked()
 			ch.tasks = append(ch.tasks, ready...)
 			c.mu.Unlock()
-			clear(ready)
+			forget(c, ready)
 			c.readyBuf = ready
 			for ch != nil {
 				ch = c.runChunk(c.handlerCtx, w, ch)
@@ -244,8 +244,8 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 	for _, ch := range chunks {
 		c.work <- ch
 	}
-	clear(ready)
-	clear(chunks)
+	forget(c, ready)
+	clear(chunks) // pooled chunks, but few: one per worker at most
 	c.readyBuf, c.dispatchBuf = ready, chunks
 }
 
@@ -287,13 +287,23 @@ func (c *Consumer) newChunkLocked() *chunk {
 }
 
 func (c *Consumer) recycleLocked(ch *chunk) {
-	clear(ch.tasks)
+	forget(c, ch.tasks)
 	ch.tasks = ch.tasks[:0]
 	if cap(ch.tasks) > 2*maxChunk { // appends up to maxChunk tasks grow it to 2*maxChunk at most
 		ch.tasks = nil
 	}
 	ch.next.Store(0)
 	c.freeChunks = append(c.freeChunks, ch)
+}
+
+// forget clears s, which points at finished messages (and their lanes)
+// that should not be kept alive, unless the source recycles messages: it
+// keeps them anyway, and while the garbage collector marks, clearing costs
+// a write barrier per pointer.
+func forget[T any](c *Consumer, s []T) {
+	if c.recycler == nil {
+		clear(s)
+	}
 }
 
 // laneOf returns msg's lane, creating it, or nil when msg is not ordered.
@@ -536,7 +546,7 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 			}
 		}
 		c.finishedLocked()
-		clear(w.ran)
+		forget(c, w.ran)
 		w.ran = w.ran[:0]
 	}
 	if done != nil {
@@ -546,7 +556,7 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 	c.mu.Unlock()
 	if len(w.done) > 0 {
 		c.recycler.Recycle(w.done...)
-		clear(w.done)
+		// Not cleared: recycled messages are the source's to keep.
 		w.done = w.done[:0]
 	}
 	return next
@@ -576,23 +586,29 @@ func (c *Consumer) ackRan(w *workerState) {
 	}
 	errs := w.ackErrs[:len(w.acks)]
 	c.acker.AckBatch(c.settleCtx, w.acks, errs)
-	i, acked := 0, 0
+	i, acked, failed := 0, 0, false
 	for _, r := range w.ran {
 		if !r.ack {
 			continue
 		}
-		if errs[i] == nil && c.cfg.Observer == nil {
-			acked++ // counted at once below
-		} else {
+		switch {
+		case errs[i] != nil:
+			failed = true
 			c.settle(r.msg, Acked, r.elapsed, errs[i])
+		case c.cfg.Observer == nil:
+			acked++ // counted at once below
+		default:
+			c.observe(r.msg, Acked, r.elapsed)
 		}
 		i++
 	}
 	if acked > 0 {
 		c.stats.outcomes[Acked].Add(uint64(acked))
 	}
-	clear(w.acks)
-	clear(errs)
+	if failed {
+		clear(errs)
+	}
+	forget(c, w.acks)
 	w.acks = w.acks[:0]
 }
 

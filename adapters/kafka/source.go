@@ -369,6 +369,9 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		if !next.IsZero() {
 			pctx, cancel = context.WithDeadline(ctx, next)
 		}
+		// About to wait: let go of the records built last, which keep
+		// their fetch's memory alive.
+		clear(s.build[:cap(s.build)])
 		limit := -1 // everything fetched
 		if s.cfg.PollBatch > 0 {
 			limit = max(len(buf), s.cfg.PollBatch)
@@ -571,7 +574,8 @@ func (s *Source) buildInto(buf []*ackwise.Message) {
 	for i, b := range s.build {
 		buf[i] = s.message(b.p, b.r, b.seq, b.gen)
 	}
-	clear(s.build)
+	// Not cleared here (while the garbage collector marks, that costs a
+	// write barrier per pointer), but before Receive waits: see poll.
 	s.build = s.build[:0]
 }
 
