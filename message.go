@@ -157,7 +157,9 @@ func (h Headers) Map() map[string]string {
 // runs; a handler must not keep it, its Headers or its Payload after
 // returning: a source may reuse the Message for a later delivery (see
 // adapters.Recycler). Copy what must outlive the call (Headers.Clone,
-// bytes.Clone).
+// bytes.Clone). Its strings (ID, Key, header values) stay valid after the
+// call, but an adapter may carve them from memory shared with other
+// messages: strings.Clone one kept for long.
 type Message struct {
 	// ID is the producer's stable event ID (header ackwise-event-id). It is the
 	// same on every redelivery of the event.

@@ -17,7 +17,10 @@ import (
 func TestRetryTopicChain(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
-	const short, long = 300 * time.Millisecond, 600 * time.Millisecond
+	// short leaves time to see the pause even when the machine is loaded
+	// (the whole suite under -race on two cores): the steps between the
+	// nack and the look took over 250 ms there.
+	const short, long = time.Second, 2 * time.Second
 	cfg := testConfig(t, brokers, 1, long, short) // unsorted on purpose
 	sink := openSink(t, cfg)
 	in := publishN(t, sink, 1, func(int) string { return "order-1" })[0]
@@ -34,7 +37,7 @@ func TestRetryTopicChain(t *testing.T) {
 	}
 	// The move was confirmed: the source record is committed past.
 	waitCommitted(t, brokers, cfg.Group, cfg.Topic, 0, 1)
-	shortTopic := cfg.Topic + ".retry.300ms"
+	shortTopic := cfg.Topic + ".retry.1s"
 	moved := readAll(ctx, t, brokers, shortTopic)
 	if len(moved) != 1 {
 		t.Fatalf("%d records on %s, want 1", len(moved), shortTopic)
@@ -107,14 +110,14 @@ func TestRetryTopicChain(t *testing.T) {
 		t.Fatal(err)
 	}
 	third := receiveN(t, src, 1)[0]
-	if third.Attempt != 3 || !strings.HasPrefix(third.BrokerID, cfg.Topic+".retry.600ms/") || third.Offset != 0 || !third.FirstFailure.Equal(again.FirstFailure) {
+	if third.Attempt != 3 || !strings.HasPrefix(third.BrokerID, cfg.Topic+".retry.2s/") || third.Offset != 0 || !third.FirstFailure.Equal(again.FirstFailure) {
 		t.Fatalf("second hop %+v", third)
 	}
 	env := dlq.New(third, dlq.ReasonMaxAttempts, context.DeadlineExceeded, ackwise.ClassTransient, time.Now(), "billing", "v1")
 	if err := src.DeadLetter(ctx, third, env); err != nil {
 		t.Fatal(err)
 	}
-	waitCommitted(t, brokers, cfg.Group, cfg.Topic+".retry.600ms", 0, 1)
+	waitCommitted(t, brokers, cfg.Group, cfg.Topic+".retry.2s", 0, 1)
 	dls := readAll(ctx, t, brokers, cfg.Topic+".dlq")
 	if len(dls) != 1 {
 		t.Fatalf("%d dead letters", len(dls))
