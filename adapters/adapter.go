@@ -123,7 +123,10 @@ type Recycler interface {
 // BatchAcker is implemented by sources that ack a batch of messages for
 // less than acking each one (one lock, one call). The engine acks the
 // messages its workers finished together through AckBatch when the source
-// has it, and through Ack otherwise.
+// has it, and through Ack otherwise. A wrapper that embeds a source and
+// changes Ack must implement AckBatch too (or not embed it): the engine
+// would otherwise ack through the embedded source's AckBatch, around the
+// wrapper's Ack.
 type BatchAcker interface {
 	// AckBatch acks each of msgs as Ack would, in order, and sets errs[i]
 	// to the error Ack would have returned for msgs[i] (nil once acked).

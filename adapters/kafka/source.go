@@ -387,9 +387,8 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 }
 
 // poll takes up to limit records from the client (all it has when limit is
-// negative), waiting until there are some or ctx is done, and stashes them;
-// with a nil ctx it takes what the client has buffered without waiting. It
-// reports whether the client is closed.
+// negative), waiting until there are some or ctx is done, and stashes them.
+// It reports whether the client is closed.
 func (s *Source) poll(ctx context.Context, limit int) (closed bool) {
 	fetches := s.cl.PollRecords(ctx, limit)
 	if fetches.IsClientClosed() {
@@ -553,7 +552,13 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 		// again only once its buffered fetch is taken, so decoding the
 		// fetch after next overlaps delivering this one. Records wait
 		// here for at most one fetch beyond the one being delivered.
-		s.poll(nil, -1)
+		// A short deadline rather than franz-go's nil-context poll, which
+		// would hand user hooks (Config.Options) a nil context: the client
+		// takes what it has buffered before it looks at the deadline, and
+		// waits at most that long if a rebalance dropped it meanwhile.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+		s.poll(ctx, -1)
+		cancel()
 	}
 	return n, len(pause) > 0
 }
@@ -864,7 +869,7 @@ func (s *Source) rewind(p *partition) {
 		return // redelivered meanwhile
 	}
 	// Not under s.mu: SetOffsets takes the client's consumer lock, which
-	// its group management holds while it calls onRevoked (which takes
+	// its group management may hold while it calls onRevoked (which takes
 	// s.mu). A rewind of a partition revoked meanwhile is ignored by the
 	// client; at worst records are fetched again and skipped.
 	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.topic: {p.id: {Epoch: -1, Offset: off}}})
