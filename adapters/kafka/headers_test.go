@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"testing"
 	"time"
@@ -84,8 +85,14 @@ func TestRecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	src.Recycle(first)
-	if first.Handle != nil {
-		t.Fatalf("recycled message not cleared: %+v", first)
+	if src.Valid(first) {
+		t.Fatal("a recycled message is still valid")
+	}
+	if err := src.Release(ctx, first); err == nil {
+		t.Fatal("Release of a recycled message succeeded")
+	}
+	if err := src.DeadLetter(ctx, first, dlq.New(first, dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "t", "v1")); err == nil {
+		t.Fatal("DeadLetter of a recycled message succeeded (a copy would reach the dead-letter topic)")
 	}
 	if err := src.Ack(ctx, first); err == nil {
 		t.Fatal("Ack of a recycled message succeeded")

@@ -82,10 +82,13 @@ type heldRecord struct {
 // Source, Partition and Offset.
 type receipt struct {
 	p   *partition
-	seq int64
+	seq int64     // recycled once the message is recycled
 	gen uint16    // delivery generation of the record (see partition.redeliver)
 	d   *delivery // the delivery holding this receipt, for Recycle
 }
+
+// recycled is the seq of a recycled message's receipt.
+const recycled = -1
 
 // delivery puts a message, its receipt and room for its headers in one
 // allocation. Deliveries are carved from slabs and reused once the engine
@@ -762,6 +765,9 @@ func receiptOf(msg *ackwise.Message) (*receipt, error) {
 	if !ok || rc.p == nil {
 		return nil, fmt.Errorf("kafka: message %q was not delivered by a kafka source", msg.BrokerID)
 	}
+	if rc.seq == recycled {
+		return nil, fmt.Errorf("kafka: message %q was recycled", msg.BrokerID)
+	}
 	return rc, nil
 }
 
@@ -888,14 +894,15 @@ func (s *Source) Recycle(msgs ...*ackwise.Message) {
 			continue
 		}
 		rc, ok := msg.Handle.(*receipt)
-		if !ok || rc.d == nil || &rc.d.msg != msg || rc.p == nil {
+		if !ok || rc.d == nil || &rc.d.msg != msg || rc.p == nil || rc.seq == recycled {
 			continue
 		}
-		// message overwrites every field on reuse. Clearing the receipt
-		// and the handle makes a settle of the recycled message fail.
+		// message overwrites every field on reuse. The recycled mark makes
+		// a settle of the recycled message fail; the pointers are kept
+		// (message writes them only when they change: a write barrier each
+		// while the garbage collector marks).
 		d := rc.d
-		d.rc = receipt{}
-		d.msg.Handle = nil
+		d.rc.seq = recycled
 		d.msg.Payload = nil // do not hold a fetch's memory while unused
 		s.freed = append(s.freed, d)
 	}
@@ -908,7 +915,7 @@ func (s *Source) ExtendLease(context.Context, *ackwise.Message, time.Duration) e
 // not being revoked. It does not lock.
 func (s *Source) Valid(msg *ackwise.Message) bool {
 	rc, ok := msg.Handle.(*receipt)
-	return ok && rc.p != nil && rc.p.own.Load() == ownOwned && !s.closed.Load()
+	return ok && rc.p != nil && rc.seq != recycled && rc.p.own.Load() == ownOwned && !s.closed.Load()
 }
 
 // Nack moves msg to the retry topic of the smallest tier at least as long as
