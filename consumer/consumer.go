@@ -63,7 +63,6 @@ type Consumer struct {
 	breaker     *breakerState
 	settleCtx   context.Context // set by Run before its goroutines start
 	handlerCtx  context.Context // set by Run before its goroutines start
-	readyBuf    []task          // dispatch's scratch, owned by the receive loop
 	dispatchBuf []*chunk        // dispatch's scratch, owned by the receive loop
 
 	// extending holds the messages the heartbeat is extending outside mu

@@ -189,7 +189,6 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 	if c.heartbeat {
 		now = c.clock.Now()
 	}
-	ready := c.readyBuf[:0]
 	c.mu.Lock()
 	if c.stopping.Load() {
 		// Received as Run was stopping: they were never in flight.
@@ -203,6 +202,9 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 		return
 	}
 	c.inflight += len(msgs)
+	// The ready tasks go straight into a chunk: run inline, it is the
+	// chunk; handed off, it is cut into one chunk per worker.
+	all := c.newChunkLocked()
 	for _, m := range msgs {
 		if m.Attempt < 1 {
 			m.Attempt = 1
@@ -218,17 +220,13 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 			}
 			ln.busy = true
 		}
-		ready = append(ready, task{m, ln})
+		all.tasks = append(all.tasks, task{m, ln})
 	}
-	if len(ready) > 0 && c.pace.mode.Load() == modeInline {
+	if len(all.tasks) > 0 && c.pace.mode.Load() == modeInline {
 		select {
 		case c.slots <- struct{}{}:
-			ch := c.newChunkLocked()
-			ch.tasks = append(ch.tasks, ready...)
 			c.mu.Unlock()
-			forget(c, ready)
-			c.readyBuf = ready
-			for ch != nil {
+			for ch := all; ch != nil; {
 				ch = c.runChunk(c.handlerCtx, w, ch)
 			}
 			<-c.slots
@@ -237,16 +235,16 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 		}
 	}
 	chunks := c.dispatchBuf[:0]
-	c.splitLocked(ready, func(ch *chunk) { chunks = append(chunks, ch) })
+	c.splitLocked(all.tasks, func(ch *chunk) { chunks = append(chunks, ch) })
+	c.recycleLocked(all)
 	c.mu.Unlock()
 	// The work queue has room for MaxInFlight chunks and every chunk holds
 	// an in-flight message: these sends never block.
 	for _, ch := range chunks {
 		c.work <- ch
 	}
-	forget(c, ready)
 	clear(chunks) // pooled chunks, but few: one per worker at most
-	c.readyBuf, c.dispatchBuf = ready, chunks
+	c.dispatchBuf = chunks
 }
 
 // chunkSize is the number of tasks per chunk when n are ready: one when

@@ -372,9 +372,11 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		if !next.IsZero() {
 			pctx, cancel = context.WithDeadline(ctx, next)
 		}
-		// About to wait: let go of the records built last, which keep
-		// their fetch's memory alive.
+		// About to wait: let go of the records built last and of the
+		// payloads of recycled deliveries, which keep their fetch's memory
+		// alive.
 		clear(s.build[:cap(s.build)])
+		s.dropPayloads()
 		limit := -1 // everything fetched
 		if s.cfg.PollBatch > 0 {
 			limit = max(len(buf), s.cfg.PollBatch)
@@ -501,8 +503,9 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 			s.pendIdx++
 			continue
 		}
+		// Not cleared behind: the run's records go with the run, once it is
+		// delivered (a fetch at most).
 		r, p := run.recs[0], run.p
-		run.recs[0] = nil
 		run.recs = run.recs[1:]
 		s.queued--
 		if p.next >= 0 && r.Offset < p.next {
@@ -790,8 +793,10 @@ func (s *Source) AckBatch(_ context.Context, msgs []*ackwise.Message, errs []err
 	kick := false
 	s.mu.Lock()
 	for i, msg := range msgs {
-		var k bool
-		k, errs[i] = s.settleLocked(msg, stSettled)
+		k, err := s.settleLocked(msg, stSettled)
+		if err != nil || errs[i] != nil {
+			errs[i] = err // only then: a write barrier each while the GC marks
+		}
 		kick = kick || k
 	}
 	s.mu.Unlock()
@@ -903,9 +908,22 @@ func (s *Source) Recycle(msgs ...*ackwise.Message) {
 		// while the garbage collector marks).
 		d := rc.d
 		d.rc.seq = recycled
-		d.msg.Payload = nil // do not hold a fetch's memory while unused
 		s.freed = append(s.freed, d)
 	}
+}
+
+// dropPayloads clears the payloads of recycled deliveries, which Recycle
+// leaves (a write barrier each while the garbage collector marks). Called by
+// the goroutine calling Receive before it waits.
+func (s *Source) dropPayloads() {
+	for _, d := range s.local {
+		d.msg.Payload = nil
+	}
+	s.freeMu.Lock()
+	for _, d := range s.freed {
+		d.msg.Payload = nil
+	}
+	s.freeMu.Unlock()
 }
 
 // ExtendLease does nothing: a partition owned by this member has no lease.
