@@ -73,10 +73,18 @@ type Config struct {
 	// again.
 	PollBatch int
 	// FetchMaxBytes is the most bytes the client fetches from a broker in
-	// one request (franz-go's FetchMaxBytes): with the fetch being handled,
-	// it bounds the memory of records held by the source, per broker, at
-	// about twice this. Zero means the client's default (50 MiB).
+	// one request (franz-go's FetchMaxBytes): with the fetch being handled
+	// and the one read ahead, it bounds the memory of records held by the
+	// source, per broker, at about three times this. Zero means the client's
+	// default (50 MiB).
 	FetchMaxBytes int32
+	// FetchMaxPartitionBytes is the most bytes the client fetches from one
+	// partition in one request (franz-go's FetchMaxPartitionBytes). Smaller
+	// fetches stay in the processor's cache between decoding and handling:
+	// at 256 KiB the benchmarks here needed a quarter less CPU per record
+	// than at 1 MiB, at the cost of more requests (mind the round trip on
+	// distant brokers). Zero means the client's default (1 MiB).
+	FetchMaxPartitionBytes int32
 	// StartOffset is where a group with no committed offset starts: "earliest"
 	// (the default) or "latest".
 	StartOffset string
@@ -191,6 +199,9 @@ func (c Config) validate(source bool) error {
 	if c.FetchMaxBytes < 0 {
 		return fmt.Errorf("kafka: Config.FetchMaxBytes = %d: must be positive, or 0 for the client's default", c.FetchMaxBytes)
 	}
+	if c.FetchMaxPartitionBytes < 0 {
+		return fmt.Errorf("kafka: Config.FetchMaxPartitionBytes = %d: must be positive, or 0 for the client's default", c.FetchMaxPartitionBytes)
+	}
 	if c.StartOffset != "earliest" && c.StartOffset != "latest" {
 		return fmt.Errorf("kafka: Config.StartOffset = %q: want \"earliest\" or \"latest\"", c.StartOffset)
 	}
@@ -279,6 +290,9 @@ func (c Config) clientOpts() []kgo.Opt {
 	}
 	if c.FetchMaxBytes > 0 {
 		opts = append(opts, kgo.FetchMaxBytes(c.FetchMaxBytes))
+	}
+	if c.FetchMaxPartitionBytes > 0 {
+		opts = append(opts, kgo.FetchMaxPartitionBytes(c.FetchMaxPartitionBytes))
 	}
 	return opts
 }

@@ -28,8 +28,10 @@
 // Receive takes everything the client has fetched at once (at most
 // [Config.PollBatch] records when set), so that franz-go fetches the next
 // batch while these are handled, and hands them out len(buf) at a time;
-// records of a partition revoked meanwhile are dropped. The records held are
-// bounded by about twice [Config.FetchMaxBytes] per broker.
+// records of a partition revoked meanwhile are dropped. It takes the next
+// fetch as soon as the client has it, while the last is still being handed
+// out: the records held are bounded by about three times
+// [Config.FetchMaxBytes] per broker.
 //
 // A released record ([Source.Release]: shutdown, a settle that failed) is
 // never committed past; while this member keeps its partition, the source

@@ -12,15 +12,20 @@ import (
 
 // TestFetchMaxBytesReachesClient: Config.FetchMaxBytes is documented
 // to bound the records the source holds (it is franz-go's FetchMaxBytes), but
-// it must be passed to the client to do so.
+// it must be passed to the client to do so; so must
+// Config.FetchMaxPartitionBytes.
 func TestFetchMaxBytesReachesClient(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
 	cfg := testConfig(t, brokers, 1)
 	cfg.FetchMaxBytes = 64 << 10
+	cfg.FetchMaxPartitionBytes = 16 << 10
 	src := openSource(t, cfg)
 	if got, _ := src.Client().OptValue(kgo.FetchMaxBytes).(int32); got != cfg.FetchMaxBytes {
 		t.Fatalf("client FetchMaxBytes = %d, want Config.FetchMaxBytes %d", got, cfg.FetchMaxBytes)
+	}
+	if got, _ := src.Client().OptValue(kgo.FetchMaxPartitionBytes).(int32); got != cfg.FetchMaxPartitionBytes {
+		t.Fatalf("client FetchMaxPartitionBytes = %d, want Config.FetchMaxPartitionBytes %d", got, cfg.FetchMaxPartitionBytes)
 	}
 }
 

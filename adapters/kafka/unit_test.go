@@ -139,6 +139,7 @@ func TestConfigValidation(t *testing.T) {
 		{"bad revoke timeout", func(c *Config) { c.RevokeTimeout = -2 }, "Config.RevokeTimeout"},
 		{"negative poll batch", func(c *Config) { c.PollBatch = -1 }, "Config.PollBatch = -1"},
 		{"negative fetch max bytes", func(c *Config) { c.FetchMaxBytes = -1 }, "Config.FetchMaxBytes = -1"},
+		{"negative fetch max partition bytes", func(c *Config) { c.FetchMaxPartitionBytes = -2 }, "Config.FetchMaxPartitionBytes = -2"},
 		{"bounded poll", func(c *Config) { c.PollBatch, c.FetchMaxBytes = 100, 1<<20 }, ""},
 	}
 	for _, c := range cases {
@@ -157,14 +158,14 @@ func TestConfigValidation(t *testing.T) {
 }
 
 func TestParseURL(t *testing.T) {
-	u, _ := url.Parse("kafka://alice:s3cret@h1:9092,h2:9093/orders?group=billing&tiers=10m,1m&dlq=orders.dead&sasl=scram-sha-512&tls=true&commit_interval=50ms&poll_batch=500&fetch_max_bytes=4194304")
+	u, _ := url.Parse("kafka://alice:s3cret@h1:9092,h2:9093/orders?group=billing&tiers=10m,1m&dlq=orders.dead&sasl=scram-sha-512&tls=true&commit_interval=50ms&poll_batch=500&fetch_max_bytes=4194304&fetch_max_partition_bytes=262144")
 	cfg, err := ParseURL(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(cfg.Brokers, []string{"h1:9092", "h2:9093"}) || cfg.Topic != "orders" || cfg.Group != "billing" ||
 		cfg.DeadLetterTopic != "orders.dead" || cfg.TLS == nil || cfg.SASL == nil || cfg.SASL.Name() != "SCRAM-SHA-512" ||
-		cfg.CommitInterval != 50*time.Millisecond || len(cfg.RetryTiers) != 2 || cfg.PollBatch != 500 || cfg.FetchMaxBytes != 4<<20 {
+		cfg.CommitInterval != 50*time.Millisecond || len(cfg.RetryTiers) != 2 || cfg.PollBatch != 500 || cfg.FetchMaxBytes != 4<<20 || cfg.FetchMaxPartitionBytes != 256<<10 {
 		t.Fatalf("parsed %+v", cfg)
 	}
 	if got := cfg.withDefaults().retryTopics(); !slices.Equal(got, []string{"orders.retry.1m", "orders.retry.10m"}) {
@@ -182,6 +183,8 @@ func TestParseURL(t *testing.T) {
 		"kafka://h1:9092/orders?poll_batch=-1",
 		"kafka://h1:9092/orders?fetch_max_bytes=3000000000",
 		"kafka://h1:9092/orders?fetch_max_bytes=lots",
+		"kafka://h1:9092/orders?fetch_max_partition_bytes=-1",
+		"kafka://h1:9092/orders?fetch_max_partition_bytes=3000000000",
 	}
 	for _, raw := range bad {
 		u, err := url.Parse(raw)

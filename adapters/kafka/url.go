@@ -47,7 +47,8 @@ func init() {
 //     <topic>.retry.<tier>;
 //   - dlq: the dead-letter topic (default <topic>.dlq);
 //   - commit_interval, revoke_timeout: Go durations;
-//   - poll_batch, fetch_max_bytes: Config.PollBatch and Config.FetchMaxBytes;
+//   - poll_batch, fetch_max_bytes, fetch_max_partition_bytes:
+//     Config.PollBatch, Config.FetchMaxBytes and Config.FetchMaxPartitionBytes;
 //   - start: earliest (default) or latest;
 //   - client_id;
 //   - tls: true to dial with TLS; tls_ca (PEM file of CAs to trust),
@@ -112,12 +113,14 @@ func ParseURL(u *url.URL) (Config, error) {
 		}
 		cfg.PollBatch = n
 	}
-	if v := q.Get("fetch_max_bytes"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 32)
-		if err != nil || n < 0 {
-			return cfg, fmt.Errorf("kafka: URL parameter fetch_max_bytes = %q: want a number of bytes below 2^31 (0: the client's default)", v)
+	for name, dst := range map[string]*int32{"fetch_max_bytes": &cfg.FetchMaxBytes, "fetch_max_partition_bytes": &cfg.FetchMaxPartitionBytes} {
+		if v := q.Get(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 32)
+			if err != nil || n < 0 {
+				return cfg, fmt.Errorf("kafka: URL parameter %s = %q: want a number of bytes below 2^31 (0: the client's default)", name, v)
+			}
+			*dst = int32(n)
 		}
-		cfg.FetchMaxBytes = int32(n)
 	}
 	tlsCfg, err := tlsFromQuery(q)
 	if err != nil {
@@ -152,7 +155,7 @@ var urlParams = map[string]bool{
 	"group": true, "tiers": true, "retry_prefix": true, "dlq": true, "commit_interval": true, "revoke_timeout": true,
 	"start": true, "client_id": true, "tls": true, "tls_ca": true, "tls_cert": true, "tls_key": true,
 	"tls_server_name": true, "tls_insecure_skip_verify": true, "sasl": true,
-	"poll_batch": true, "fetch_max_bytes": true,
+	"poll_batch": true, "fetch_max_bytes": true, "fetch_max_partition_bytes": true,
 }
 
 func tlsFromQuery(q url.Values) (*tls.Config, error) {
