@@ -55,6 +55,7 @@ type Consumer struct {
 	laneLimit   int               // lanes kept before idle ones are dropped
 	freeLanes   []*lane
 	freeChunks  []*chunk
+	dispatchCh  chunk                          // dispatch's, by the receive loop, reset by recycleLocked
 	space       chan struct{}                  // signalled when in-flight drops below the limit
 	stopping    atomic.Bool                    // written under mu, read without it
 	drained     chan struct{}                  // closed when in-flight reaches 0 while stopping

@@ -202,9 +202,10 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 		return
 	}
 	c.inflight += len(msgs)
-	// The ready tasks go straight into a chunk: run inline, it is the
+	// The ready tasks go straight into the dispatch chunk, kept for
+	// dispatch alone (ReceiveBatch tasks long): run inline, it is the
 	// chunk; handed off, it is cut into one chunk per worker.
-	all := c.newChunkLocked()
+	all := &c.dispatchCh
 	for _, m := range msgs {
 		if m.Attempt < 1 {
 			m.Attempt = 1
@@ -287,6 +288,10 @@ func (c *Consumer) newChunkLocked() *chunk {
 func (c *Consumer) recycleLocked(ch *chunk) {
 	forget(c, ch.tasks)
 	ch.tasks = ch.tasks[:0]
+	if ch == &c.dispatchCh {
+		ch.next.Store(0)
+		return // dispatch's own: not pooled, its room kept
+	}
 	if cap(ch.tasks) > 2*maxChunk { // appends up to maxChunk tasks grow it to 2*maxChunk at most
 		ch.tasks = nil
 	}

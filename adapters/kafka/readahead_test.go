@@ -77,3 +77,54 @@ func TestReadAhead(t *testing.T) {
 	}
 	waitCommitted(t, brokers, cfg.Group, cfg.Topic, 0, n)
 }
+
+// TestIdleSourceKeepsNoPayloads: messages recycled while Receive waits for
+// records do not keep their payloads, which would keep a whole fetch's
+// memory alive for as long as the topic stays quiet.
+func TestIdleSourceKeepsNoPayloads(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	sink := openSink(t, cfg)
+	publishN(t, sink, 3, func(int) string { return "k" })
+	src := openSource(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	got := receiveN(t, src, 3)
+
+	next := make(chan *ackwise.Message, 1)
+	go func() {
+		buf := make([]*ackwise.Message, 1)
+		if n, err := src.Receive(ctx, buf); err == nil && n == 1 {
+			next <- buf[0]
+			return
+		}
+		next <- nil
+	}()
+	// No signal tells when Receive starts to wait: look for it.
+	for waiting := false; !waiting; {
+		src.freeMu.Lock()
+		waiting = src.waiting
+		src.freeMu.Unlock()
+		if ctx.Err() != nil {
+			t.Fatal("Receive never waited")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, m := range got {
+		if err := src.Ack(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src.Recycle(got...)
+	for i, m := range got {
+		if m.Payload != nil {
+			t.Errorf("message %d recycled while the source waits still holds its payload", i)
+		}
+	}
+	publishN(t, sink, 1, func(int) string { return "k" })
+	m := <-next
+	if m == nil || m.Offset != 3 || string(m.Payload) != "0" {
+		t.Fatalf("after the wait: %+v", m)
+	}
+}

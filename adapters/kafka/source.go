@@ -50,8 +50,9 @@ type Source struct {
 	hslab []ackwise.Header // headers beyond a delivery's own room
 	local []*delivery      // recycled deliveries taken from freed
 
-	freeMu sync.Mutex
-	freed  []*delivery // recycled deliveries, under freeMu
+	freeMu  sync.Mutex
+	freed   []*delivery // recycled deliveries, under freeMu
+	waiting bool        // Receive waits for records: Recycle drops payloads; under freeMu
 
 	closed  atomic.Bool
 	closing chan struct{}
@@ -382,6 +383,9 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 			limit = max(len(buf), s.cfg.PollBatch)
 		}
 		closed := s.poll(pctx, limit)
+		s.freeMu.Lock()
+		s.waiting = false
+		s.freeMu.Unlock()
 		if cancel != nil {
 			cancel()
 		}
@@ -908,20 +912,30 @@ func (s *Source) Recycle(msgs ...*ackwise.Message) {
 		// while the garbage collector marks).
 		d := rc.d
 		d.rc.seq = recycled
+		if s.waiting {
+			d.msg.Payload = nil // idle: do not keep the fetch's memory
+		}
 		s.freed = append(s.freed, d)
 	}
 }
 
 // dropPayloads clears the payloads of recycled deliveries, which Recycle
-// leaves (a write barrier each while the garbage collector marks). Called by
-// the goroutine calling Receive before it waits.
+// leaves while records flow (a write barrier each while the garbage
+// collector marks), and has Recycle clear them until Receive stops waiting:
+// an idle source keeps no fetch's memory. Called by the goroutine calling
+// Receive before it waits.
 func (s *Source) dropPayloads() {
 	for _, d := range s.local {
-		d.msg.Payload = nil
+		if d.msg.Payload != nil {
+			d.msg.Payload = nil
+		}
 	}
 	s.freeMu.Lock()
+	s.waiting = true
 	for _, d := range s.freed {
-		d.msg.Payload = nil
+		if d.msg.Payload != nil {
+			d.msg.Payload = nil
+		}
 	}
 	s.freeMu.Unlock()
 }
