@@ -78,6 +78,16 @@ func TestReadAhead(t *testing.T) {
 	waitCommitted(t, brokers, cfg.Group, cfg.Topic, 0, n)
 }
 
+// pollStarts signals every poll of the client.
+type pollStarts chan struct{}
+
+func (p pollStarts) OnPollStart(context.Context) {
+	select {
+	case p <- struct{}{}:
+	default:
+	}
+}
+
 // TestIdleSourceKeepsNoPayloads: messages recycled while Receive waits for
 // records do not keep their payloads, which would keep a whole fetch's
 // memory alive for as long as the topic stays quiet.
@@ -85,12 +95,18 @@ func TestIdleSourceKeepsNoPayloads(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
 	cfg := testConfig(t, brokers, 1)
+	polls := make(pollStarts, 1)
+	cfg.Options = []kgo.Opt{kgo.WithHooks(polls)}
 	sink := openSink(t, cfg)
 	publishN(t, sink, 3, func(int) string { return "k" })
 	src := openSource(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	got := receiveN(t, src, 3)
+	select {
+	case <-polls: // a poll of receiveN's: the next is the waiting one's
+	default:
+	}
 
 	next := make(chan *ackwise.Message, 1)
 	go func() {
@@ -101,15 +117,17 @@ func TestIdleSourceKeepsNoPayloads(t *testing.T) {
 		}
 		next <- nil
 	}()
-	// No signal tells when Receive starts to wait: look for it.
+	// The source marks itself waiting before it polls the client: look at
+	// each poll's start.
 	for waiting := false; !waiting; {
+		select {
+		case <-polls:
+		case <-ctx.Done():
+			t.Fatal("Receive never waited")
+		}
 		src.freeMu.Lock()
 		waiting = src.waiting
 		src.freeMu.Unlock()
-		if ctx.Err() != nil {
-			t.Fatal("Receive never waited")
-		}
-		time.Sleep(time.Millisecond)
 	}
 	for _, m := range got {
 		if err := src.Ack(ctx, m); err != nil {
