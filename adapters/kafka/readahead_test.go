@@ -117,17 +117,11 @@ func TestIdleSourceKeepsNoPayloads(t *testing.T) {
 		}
 		next <- nil
 	}()
-	// The source marks itself waiting before it polls the client: look at
-	// each poll's start.
-	for waiting := false; !waiting; {
-		select {
-		case <-polls:
-		case <-ctx.Done():
-			t.Fatal("Receive never waited")
-		}
-		src.freeMu.Lock()
-		waiting = src.waiting
-		src.freeMu.Unlock()
+	// Nothing is pending: the next poll is the one Receive waits in.
+	select {
+	case <-polls:
+	case <-ctx.Done():
+		t.Fatal("Receive never waited")
 	}
 	for _, m := range got {
 		if err := src.Ack(ctx, m); err != nil {

@@ -50,9 +50,8 @@ type Source struct {
 	hslab []ackwise.Header // headers beyond a delivery's own room
 	local []*delivery      // recycled deliveries taken from freed
 
-	freeMu  sync.Mutex
-	freed   []*delivery // recycled deliveries, under freeMu
-	waiting bool        // Receive waits for records: Recycle drops payloads; under freeMu
+	freeMu sync.Mutex
+	freed  []*delivery // recycled deliveries, under freeMu
 
 	closed  atomic.Bool
 	closing chan struct{}
@@ -373,19 +372,14 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		if !next.IsZero() {
 			pctx, cancel = context.WithDeadline(ctx, next)
 		}
-		// About to wait: let go of the records built last and of the
-		// payloads of recycled deliveries, which keep their fetch's memory
-		// alive.
+		// About to wait: let go of the records built last, which keep
+		// their fetch's memory alive.
 		clear(s.build[:cap(s.build)])
-		s.dropPayloads()
 		limit := -1 // everything fetched
 		if s.cfg.PollBatch > 0 {
 			limit = max(len(buf), s.cfg.PollBatch)
 		}
 		closed := s.poll(pctx, limit)
-		s.freeMu.Lock()
-		s.waiting = false
-		s.freeMu.Unlock()
 		if cancel != nil {
 			cancel()
 		}
@@ -610,9 +604,7 @@ func retryDue(r *kgo.Record) time.Time {
 // Receive (it uses s.strs, the slabs and the recycled deliveries). The key,
 // the header values and the broker ID are strings carved from a shared,
 // append-only chunk (see strChunk); the Message, its receipt and its headers
-// are carved from slabs or recycled. The Message is written once: while the
-// garbage collector marks, every pointer written into a recycled delivery
-// costs a write barrier.
+// are carved from slabs or recycled.
 func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ackwise.Message {
 	if len(s.local) == 0 {
 		s.freeMu.Lock()
@@ -907,37 +899,14 @@ func (s *Source) Recycle(msgs ...*ackwise.Message) {
 			continue
 		}
 		// message overwrites every field on reuse. The recycled mark makes
-		// a settle of the recycled message fail; the pointers are kept
-		// (message writes them only when they change: a write barrier each
-		// while the garbage collector marks).
+		// a settle of the recycled message fail; the other pointers are
+		// kept (message writes them only when they change: a write barrier
+		// each while the garbage collector marks).
 		d := rc.d
 		d.rc.seq = recycled
-		if s.waiting {
-			d.msg.Payload = nil // idle: do not keep the fetch's memory
-		}
+		d.msg.Payload = nil // do not hold a fetch's memory while unused
 		s.freed = append(s.freed, d)
 	}
-}
-
-// dropPayloads clears the payloads of recycled deliveries, which Recycle
-// leaves while records flow (a write barrier each while the garbage
-// collector marks), and has Recycle clear them until Receive stops waiting:
-// an idle source keeps no fetch's memory. Called by the goroutine calling
-// Receive before it waits.
-func (s *Source) dropPayloads() {
-	for _, d := range s.local {
-		if d.msg.Payload != nil {
-			d.msg.Payload = nil
-		}
-	}
-	s.freeMu.Lock()
-	s.waiting = true
-	for _, d := range s.freed {
-		if d.msg.Payload != nil {
-			d.msg.Payload = nil
-		}
-	}
-	s.freeMu.Unlock()
 }
 
 // ExtendLease does nothing: a partition owned by this member has no lease.
