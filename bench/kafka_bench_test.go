@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"runtime"
@@ -54,9 +55,68 @@ func kafkaName(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(r[:])
 }
 
+// kafkaPayload is what the record values of a benchmark topic hold. How
+// well they compress decides how many records a fetch carries: the producer
+// compresses its batches (franz-go's default, snappy) and the broker caps a
+// fetch by compressed bytes (FetchMaxPartitionBytes, 1 MiB by default).
+type kafkaPayload struct {
+	name  string
+	value func(i int) []byte // record i's value, kafkaValueSize bytes
+}
+
+// kafkaPayloads are the payloads BenchmarkKafkaConsumeCommit runs with:
+//   - zeros: one zero-filled value for every record. Batches compress about
+//     6:1 and a fetch carries ~140,000 records, ~20 MB decoded, more than
+//     the CPU caches hold.
+//   - json: a small JSON order event with random IDs and amounts, as an
+//     application would publish; batches compress about 3:1.
+//   - random: random bytes, as encrypted or already compressed payloads;
+//     batches compress about 1.2:1 (the keys and headers).
+//
+// json and random cycle through kafkaDistinctValues values, more than a
+// producer batch holds, so a batch never repeats a value.
+var kafkaPayloads = []kafkaPayload{
+	{"zeros", func() func(int) []byte {
+		v := make([]byte, kafkaValueSize)
+		return func(int) []byte { return v }
+	}()},
+	{"json", cycle(func(v []byte) {
+		var r [12]byte
+		_, _ = rand.Read(r[:])
+		e := fmt.Appendf(v[:0], `{"order":"%x","customer":"c-%05d","amount_cents":%d,"currency":"EUR","sku":"sku-%04d"`,
+			r[:5], binary.LittleEndian.Uint32(r[5:])%100000, binary.LittleEndian.Uint16(r[9:])%50000+99, r[11])
+		for len(e) < kafkaValueSize-1 {
+			e = append(e, ' ')
+		}
+		_ = append(e[:kafkaValueSize-1], '}')
+	})},
+	{"random", cycle(func(v []byte) { _, _ = rand.Read(v) })},
+}
+
+// kafkaDistinctValues is how many values json and random cycle through.
+const kafkaDistinctValues = 1 << 16
+
+// cycle returns a value function over kafkaDistinctValues values filled by
+// fill, made on first use.
+func cycle(fill func(v []byte)) func(int) []byte {
+	var once sync.Once
+	var all []byte
+	return func(i int) []byte {
+		once.Do(func() {
+			all = make([]byte, kafkaDistinctValues*kafkaValueSize)
+			for j := 0; j < kafkaDistinctValues; j++ {
+				fill(all[j*kafkaValueSize : (j+1)*kafkaValueSize])
+			}
+		})
+		j := i % kafkaDistinctValues * kafkaValueSize
+		return all[j : j+kafkaValueSize : j+kafkaValueSize]
+	}
+}
+
 // kafkaProduce creates topic and fills it with n records over keys keys,
-// each with an ackwise-event-id header, outside the timer.
-func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32, n, keys int) {
+// each with an ackwise-event-id header and a value of payload p, outside
+// the timer.
+func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32, n, keys int, p kafkaPayload) {
 	b.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 	if err != nil {
@@ -67,13 +127,12 @@ func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32
 	if _, err := kadm.NewClient(cl).CreateTopic(ctx, partitions, 1, nil, topic); err != nil {
 		b.Fatal(err)
 	}
-	value := make([]byte, kafkaValueSize)
 	var failed atomic.Value
 	for i := 0; i < n; i++ {
 		cl.Produce(ctx, &kgo.Record{
 			Topic:   topic,
 			Key:     []byte("key-" + strconv.Itoa(i%keys)),
-			Value:   value,
+			Value:   p.value(i),
 			Headers: []kgo.RecordHeader{{Key: ackwise.HeaderEventID, Value: []byte("ev-" + strconv.Itoa(i))}, {Key: "seq", Value: []byte(strconv.Itoa(i))}},
 		}, func(_ *kgo.Record, err error) {
 			if err != nil {
@@ -92,13 +151,14 @@ func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32
 	runtime.GC()
 }
 
-// kafkaFilledTopic starts a cluster with a topic of b.N records over
-// kafkaPartitions partitions and kafkaKeys keys, then starts the timer.
-func kafkaFilledTopic(b *testing.B, prefix string) (brokers []string, topic string) {
+// kafkaFilledTopic starts a cluster with a topic of b.N records of payload
+// p over kafkaPartitions partitions and kafkaKeys keys, then starts the
+// timer.
+func kafkaFilledTopic(b *testing.B, prefix string, p kafkaPayload) (brokers []string, topic string) {
 	b.Helper()
 	brokers = kafkaCluster(b)
 	topic = kafkaName(prefix)
-	kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys)
+	kafkaProduce(b, brokers, topic, kafkaPartitions, b.N, kafkaKeys, p)
 	b.ReportAllocs()
 	b.ResetTimer()
 	return brokers, topic
@@ -152,22 +212,29 @@ func (m meter) report(b *testing.B) {
 // later in a process (its memory is already mapped, the heap already grown),
 // and the mirrored order gives each the same share of early and late
 // positions. Compare the mean of a variant's two runs.
+//
+// All of it runs once per payload (see kafkaPayloads), the outer level of
+// the names: payload=zeros/raw-franz-go, and so on.
 func BenchmarkKafkaConsumeCommit(b *testing.B) {
 	order := []string{"raw-franz-go", "ackwise-source", "ackwise-engine", "ackwise-engine", "ackwise-source", "raw-franz-go", "watermill-kafka"}
-	run := map[string]func(*testing.B){
+	run := map[string]func(*testing.B, kafkaPayload){
 		"raw-franz-go":    consumeRaw,
 		"ackwise-source":  consumeSource,
 		"ackwise-engine":  consumeEngine,
 		"watermill-kafka": consumeWatermill,
 	}
-	for _, name := range order {
-		b.Run(name, run[name])
+	for _, p := range kafkaPayloads {
+		b.Run("payload="+p.name, func(b *testing.B) {
+			for _, name := range order {
+				b.Run(name, func(b *testing.B) { run[name](b, p) })
+			}
+		})
 	}
 }
 
 // consumeRaw is the raw franz-go poll/handle/commit loop: the ceiling.
-func consumeRaw(b *testing.B) {
-	brokers, topic := kafkaFilledTopic(b, "raw")
+func consumeRaw(b *testing.B, p kafkaPayload) {
+	brokers, topic := kafkaFilledTopic(b, "raw", p)
 	mt := startMeter()
 	// The same isolation level as the ackwise source (read_committed):
 	// kfake serves it more slowly than read_uncommitted, and the ratio
@@ -195,8 +262,8 @@ func consumeRaw(b *testing.B) {
 }
 
 // consumeSource drives the ackwise source directly: Receive, Ack, Recycle.
-func consumeSource(b *testing.B) {
-	brokers, topic := kafkaFilledTopic(b, "src")
+func consumeSource(b *testing.B, p kafkaPayload) {
+	brokers, topic := kafkaFilledTopic(b, "src", p)
 	mt := startMeter()
 	ctx := context.Background()
 	src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
@@ -227,8 +294,8 @@ func consumeSource(b *testing.B) {
 }
 
 // consumeEngine runs the ackwise engine on the source: what users run.
-func consumeEngine(b *testing.B) {
-	brokers, topic := kafkaFilledTopic(b, "eng")
+func consumeEngine(b *testing.B, p kafkaPayload) {
+	brokers, topic := kafkaFilledTopic(b, "eng", p)
 	mt := startMeter()
 	ctx := context.Background()
 	src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
@@ -248,8 +315,8 @@ func consumeEngine(b *testing.B) {
 }
 
 // consumeWatermill is Watermill's Kafka subscriber (Sarama).
-func consumeWatermill(b *testing.B) {
-	brokers, topic := kafkaFilledTopic(b, "wm")
+func consumeWatermill(b *testing.B, p kafkaPayload) {
+	brokers, topic := kafkaFilledTopic(b, "wm", p)
 	mt := startMeter()
 	scfg := wkafka.DefaultSaramaSubscriberConfig()
 	scfg.Consumer.Offsets.Initial = sarama.OffsetOldest
@@ -319,7 +386,7 @@ func BenchmarkKafkaKeyParallel(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				b.StopTimer()
 				topic := kafkaName("kp")
-				kafkaProduce(b, brokers, topic, 1, records, keys)
+				kafkaProduce(b, brokers, topic, 1, records, keys, kafkaPayloads[0])
 				b.StartTimer()
 				start := time.Now()
 				src, err := kafka.NewSource(context.Background(), kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
