@@ -749,7 +749,7 @@ func (s *Source) strings(p *partition, r *kgo.Record) string {
 		b = append(b, kv.Value...)
 	}
 	b = append(b, p.idPrefix...)
-	b = strconv.AppendInt(b, r.Offset, 10)
+	b = p.appendOffset(b, r.Offset)
 	s.strs = b
 	return unsafe.String(&b[start], len(b)-start)
 }

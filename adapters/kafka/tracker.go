@@ -39,6 +39,13 @@ type partition struct {
 
 	idPrefix []byte // "topic/partition@" of the records' broker IDs; never changes
 
+	// The decimal digits of the last broker ID's offset, for the next
+	// consecutive offset: see appendOffset. Only the goroutine calling
+	// Receive uses them.
+	idDigits [20]byte
+	idLen    int
+	idOff    int64
+
 	own atomic.Int32
 
 	ents []entry // ents[head:] are tracked
@@ -62,7 +69,31 @@ type partition struct {
 
 func newPartition(topic string, id int32, retry bool) *partition {
 	return &partition{topic: topic, id: id, retry: retry, next: -1, commitOff: -1, commitEp: -1, committed: -1,
-		idPrefix: []byte(topic + "/" + strconv.FormatInt(int64(id), 10) + "@")}
+		idPrefix: []byte(topic + "/" + strconv.FormatInt(int64(id), 10) + "@"), idOff: -2}
+}
+
+// appendOffset appends off in decimal to b. A partition's records come in
+// offset order, mostly consecutive: the digits of the last offset are
+// incremented in place then, instead of formatted again. Called only by the
+// goroutine calling Receive.
+func (p *partition) appendOffset(b []byte, off int64) []byte {
+	if off == p.idOff+1 && p.idLen > 0 {
+		d := p.idDigits[:p.idLen]
+		i := len(d) - 1
+		for i >= 0 && d[i] == '9' {
+			d[i] = '0'
+			i--
+		}
+		if i >= 0 {
+			d[i]++
+			p.idOff = off
+			return append(b, d...)
+		}
+		// All nines: one digit more, formatted below.
+	}
+	p.idLen = len(strconv.AppendInt(p.idDigits[:0], off, 10))
+	p.idOff = off
+	return append(b, p.idDigits[:p.idLen]...)
 }
 
 // track appends a record and returns its sequence number. A record held
