@@ -29,34 +29,46 @@ func TestFetchMaxBytesReachesClient(t *testing.T) {
 	}
 }
 
-// TestShareSourceBoundsPoll: a share source takes at most 4×len(buf)
-// records per poll (every record taken is acquired, its lock running, and
-// accepted when the client polls again). With PollBatch 0, now the
-// default, min(PollBatch, 4*len(buf)) is 0, which franz-go reads as "no
-// limit": the whole fetch is acquired at once.
+// TestShareSourceBoundsPoll: every record a share source polls is locked to
+// it until settled (and accepted if the client polls again first), so a poll
+// takes at most Config.PollBatch records, DefaultSharePollBatch when 0, and
+// nothing stays behind in the client's buffer, locked with nobody renewing
+// it (the client fetches only when the source polls).
 func TestShareSourceBoundsPoll(t *testing.T) {
 	t.Parallel()
-	brokers := newCluster(t)
-	cfg := testConfig(t, brokers, 1)
-	sink := openSink(t, cfg)
-	publishN(t, sink, 40, func(i int) string { return "k" })
-	src := openShare(t, cfg)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	buf := make([]*ackwise.Message, 2)
-	n, err := src.Receive(ctx, buf)
-	if err != nil || n == 0 {
-		t.Fatalf("Receive = %d, %v", n, err)
-	}
-	src.mu.Lock()
-	taken := src.outstanding
-	src.mu.Unlock()
-	if taken > 4*len(buf) {
-		t.Fatalf("one poll took %d records for a buffer of %d: want at most %d", taken, len(buf), 4*len(buf))
-	}
-	for _, m := range buf[:n] {
-		if err := src.Ack(ctx, m); err != nil {
-			t.Fatal(err)
+	for _, tc := range []struct {
+		batch, records, want int
+	}{
+		{batch: 8, records: 40, want: 8},
+		{batch: 0, records: DefaultSharePollBatch + 40, want: DefaultSharePollBatch},
+	} {
+		brokers := newCluster(t)
+		cfg := testConfig(t, brokers, 1)
+		cfg.PollBatch = tc.batch
+		sink := openSink(t, cfg)
+		publishN(t, sink, tc.records, func(i int) string { return "k" })
+		src := openShare(t, cfg)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		buf := make([]*ackwise.Message, 2)
+		n, err := src.Receive(ctx, buf)
+		if err != nil || n == 0 {
+			cancel()
+			t.Fatalf("PollBatch %d: Receive = %d, %v", tc.batch, n, err)
 		}
+		src.mu.Lock()
+		taken := src.outstanding
+		src.mu.Unlock()
+		if taken > tc.want {
+			t.Errorf("PollBatch %d: one poll took %d records: want at most %d", tc.batch, taken, tc.want)
+		}
+		if buffered := src.Client().BufferedFetchRecords(); buffered > 0 {
+			t.Errorf("PollBatch %d: %d records left in the client's buffer after a poll", tc.batch, buffered)
+		}
+		for _, m := range buf[:n] {
+			if err := src.Ack(ctx, m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cancel()
 	}
 }

@@ -37,6 +37,15 @@ const DefaultShareLease = 30 * time.Second
 // previous poll was settled: a poll's records are handed out over several
 // Receive calls, and the last one waits for the slowest record of the poll.
 //
+// The broker locks a record when it hands it to the client, not when the
+// engine receives it. So that no lock runs out on a record waiting in the
+// source (the broker would count a delivery that no handler saw, and archive
+// the record at its delivery limit), the client fetches only when Receive
+// polls, at most Config.PollBatch records (DefaultSharePollBatch when 0),
+// and the source renews the locks of the records it holds back every third
+// of the lease until it hands them out; from then on the engine's heartbeat
+// renews them.
+//
 // Receive must be called from one goroutine at a time; the settle methods
 // may be called concurrently.
 type ShareSource struct {
@@ -47,11 +56,20 @@ type ShareSource struct {
 
 	mu          sync.Mutex
 	pending     []*kgo.Record // this poll's records not yet delivered
+	renewed     bool          // the locks of pending were renewed since the poll
 	outstanding int           // this poll's records not yet settled
 	drained     chan struct{} // closed when outstanding reaches 0
 
-	closed atomic.Bool
+	closed   atomic.Bool
+	stop     chan struct{} // closed by Close: ends renewPending
+	renewing sync.WaitGroup
 }
+
+// DefaultSharePollBatch is how many records a share source fetches at most
+// per poll when Config.PollBatch is 0: the engine's default MaxInFlight.
+// Every record fetched stays locked to this member until it is settled, out
+// of reach of the group's other members.
+const DefaultSharePollBatch = 64
 
 type shareReceipt struct {
 	r       *kgo.Record
@@ -77,8 +95,9 @@ func (rc *shareReceipt) expired(now time.Time) bool {
 var _ adapters.Source = (*ShareSource)(nil)
 
 // NewShareSource joins the share group cfg.Group on cfg.Topic. Of cfg,
-// Brokers, Topic, Group, DeadLetterTopic, PollBatch, StartOffset, TLS, SASL,
-// ClientID, Logger and Options are used. StartOffset is written to the
+// Brokers, Topic, Group, DeadLetterTopic, PollBatch (the most records per
+// poll; 0 means DefaultSharePollBatch), StartOffset, FetchMaxBytes,
+// FetchMaxPartitionBytes, TLS, SASL, ClientID, Logger and Options are used. StartOffset is written to the
 // group's share.auto.offset.reset: "earliest" (the default) makes a new
 // group start at the beginning of the topic (the broker's default for share
 // groups is latest).
@@ -90,10 +109,18 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 	if len(cfg.RetryTiers) > 0 {
 		return nil, fmt.Errorf("kafka: Config.RetryTiers = %v: a share source has no retry topics (the broker redelivers released records)", cfg.RetryTiers)
 	}
+	batch := int32(DefaultSharePollBatch)
+	if cfg.PollBatch > 0 {
+		batch = int32(min(cfg.PollBatch, 1<<30))
+	}
 	opts := append(cfg.clientOpts(),
 		kgo.ShareGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// At most batch records per fetch, and no fetching ahead: every
+		// record the broker locks for this member is one Receive polled.
+		kgo.ShareMaxRecords(batch),
+		kgo.ShareMaxRecordsStrict(),
 	)
 	opts = append(opts, cfg.Options...)
 	// Set either way: a group earlier opened with "earliest" keeps that
@@ -115,7 +142,33 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 			"group", cfg.Group, "assumed", DefaultShareLease, "err", err)
 		lease = DefaultShareLease
 	}
-	return &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease}, nil
+	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease, stop: make(chan struct{})}
+	s.renewing.Add(1)
+	go s.renewPending()
+	return s, nil
+}
+
+// renewPending renews the locks of the records polled but not handed out
+// yet, every third of the lease, until Close.
+func (s *ShareSource) renewPending() {
+	defer s.renewing.Done()
+	t := time.NewTicker(max(s.lease/3, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		for _, r := range s.pending {
+			r.Ack(kgo.AckRenew)
+		}
+		if len(s.pending) > 0 {
+			s.renewed = true
+		}
+		s.mu.Unlock()
+	}
 }
 
 // shareLockDuration reads how long the broker locks a record it hands to a
@@ -175,7 +228,8 @@ func lockMillis(name string, v *string) (time.Duration, error) {
 
 // setShareAutoOffsetReset sets the share group's share.auto.offset.reset.
 func setShareAutoOffsetReset(ctx context.Context, cfg Config, v string) error {
-	cl, err := kgo.NewClient(cfg.clientOpts()...)
+	// cfg.Options too: they may carry the dialer or the authentication.
+	cl, err := kgo.NewClient(append(cfg.clientOpts(), cfg.Options...)...)
 	if err != nil {
 		return fmt.Errorf("kafka: new client: %w", err)
 	}
@@ -230,7 +284,12 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		if len(s.pending) > 0 {
 			n := 0
 			for n < len(buf) && len(s.pending) > 0 {
-				buf[n] = shareMessage(s.pending[0])
+				m := shareMessage(s.pending[0])
+				if s.renewed {
+					// Its fetch-time deadline no longer holds.
+					m.Handle.(*shareReceipt).renewed.Store(true)
+				}
+				buf[n] = m
 				s.pending = s.pending[1:]
 				n++
 			}
@@ -251,11 +310,9 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			}
 		}
 		s.mu.Unlock()
-		limit := 4 * len(buf)
-		if s.cfg.PollBatch > 0 {
-			limit = min(limit, s.cfg.PollBatch)
-		}
-		fetches := s.cl.PollRecords(ctx, limit)
+		// Everything the client holds: a record left in its buffer would
+		// be locked with nobody renewing it.
+		fetches := s.cl.PollFetches(ctx)
 		if fetches.IsClientClosed() {
 			return 0, adapters.ErrClosed
 		}
@@ -270,6 +327,7 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		}
 		s.mu.Lock()
 		s.pending = recs
+		s.renewed = false
 		s.outstanding = len(recs)
 		s.mu.Unlock()
 	}
@@ -361,6 +419,11 @@ func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 	if rc.settled.Load() {
 		return fmt.Errorf("kafka: %s: already settled", msg.BrokerID)
 	}
+	if rc.expired(time.Now()) {
+		// The broker redelivers it: a dead letter now would be a second
+		// copy beside the redelivered record. settle releases it.
+		return s.settle(msg, kgo.AckRelease)
+	}
 	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
 	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
@@ -399,6 +462,8 @@ func (s *ShareSource) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	close(s.stop)
+	s.renewing.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := s.cl.FlushAcks(ctx)

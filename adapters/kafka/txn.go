@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
@@ -22,8 +23,9 @@ const DefaultTransactBatch = 1024
 // TransactConfig configures a [TransactSession]. Of the embedded Config,
 // Brokers, Topic (the input), Group, PollBatch (the most records in one
 // transaction; 0 means DefaultTransactBatch), StartOffset, FetchMaxBytes,
-// TLS, SASL, ClientID, Logger and Options are used; retry tiers and the
-// dead-letter topic are not.
+// FetchMaxPartitionBytes, TLS, SASL, ClientID, Logger and Options are used;
+// retry tiers and the dead-letter topic are not (they are still validated,
+// as for any Config).
 type TransactConfig struct {
 	Config
 	// TransactionalID is the producer's transactional ID. It must be
@@ -51,9 +53,11 @@ type Output struct {
 // the transaction of the batch the message came in: returning an error
 // aborts the whole batch (its outputs are never visible to read_committed
 // consumers, its input offsets are not committed) and the batch is consumed
-// again. A Transform that fails for ever on one record therefore stops the
-// session: handle permanent failures inside it, for example by emitting the
-// record to a dead-letter topic, which then commits exactly once as well.
+// again, after a pause that doubles with each failed attempt in a row (100ms
+// up to 10s, with jitter). A Transform that fails for ever on one record
+// therefore stalls the session: handle permanent failures inside it, for
+// example by emitting the record to a dead-letter topic, which then commits
+// exactly once as well.
 type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output)) error
 
 // TransactSession is Kafka-to-Kafka exactly-once processing
@@ -113,6 +117,16 @@ func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSessi
 // (then it returns the error). Each batch commits exactly once: outputs and
 // input offsets together.
 func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
+	// Between attempts at a batch whose transform or outputs failed: the
+	// same batch comes back at once, and would fail again at once.
+	pause := &backoff.ExponentialBackOff{
+		InitialInterval:     txnRetryMin,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         txnRetryMax,
+		Clock:               backoff.SystemClock,
+	}
+	pause.Reset()
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -133,19 +147,39 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 		if fetches.NumRecords() == 0 {
 			continue
 		}
-		if err := s.batch(ctx, fetches, fn); err != nil {
+		failed, err := s.batch(ctx, fetches, fn)
+		if err != nil {
 			return err
+		}
+		if !failed {
+			pause.Reset()
+			continue
+		}
+		t := time.NewTimer(pause.NextBackOff())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil
 		}
 	}
 }
 
-// batch runs one transaction.
-func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Transform) error {
+// The pause before a failed batch is consumed again: txnRetryMin after the
+// first failure, doubling up to txnRetryMax.
+const (
+	txnRetryMin = 100 * time.Millisecond
+	txnRetryMax = 10 * time.Second
+)
+
+// batch runs one transaction. failed reports an abort because the
+// transform or an output failed.
+func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Transform) (failed bool, _ error) {
 	if err := s.sess.Begin(); err != nil {
-		return fmt.Errorf("kafka: begin transaction: %w", err)
+		return false, fmt.Errorf("kafka: begin transaction: %w", err)
 	}
 	var mu sync.Mutex
-	var produceErr, failed error
+	var produceErr, fnErr error
 	emit := func(o Output) {
 		rec := &kgo.Record{Topic: o.Topic, Value: o.Payload}
 		if o.Key != "" {
@@ -163,11 +197,11 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 		})
 	}
 	fetches.EachRecord(func(r *kgo.Record) {
-		if failed != nil || ctx.Err() != nil {
+		if fnErr != nil || ctx.Err() != nil {
 			return
 		}
 		if err := fn(ctx, plainMessage(r), emit); err != nil {
-			failed = fmt.Errorf("%s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
+			fnErr = fmt.Errorf("%s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
 		}
 	})
 	// End flushes the outputs; it must not be cut short by ctx (that could
@@ -182,21 +216,23 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	if perr == nil && ferr != nil {
 		perr = ferr
 	}
-	commit := failed == nil && perr == nil && ctx.Err() == nil
+	commit := fnErr == nil && perr == nil && ctx.Err() == nil
 	committed, err := s.sess.End(endCtx, kgo.TransactionEndTry(commit))
 	switch {
 	case err != nil:
-		return fmt.Errorf("kafka: end transaction: %w", err)
+		return false, fmt.Errorf("kafka: end transaction: %w", err)
 	case committed:
-		return nil
-	case failed != nil:
-		s.log.Warn("kafka: transform failed; transaction aborted, the batch will be consumed again", "err", failed)
+		return false, nil
+	case fnErr != nil:
+		s.log.Warn("kafka: transform failed; transaction aborted, the batch will be consumed again", "err", fnErr)
+		return true, nil
 	case perr != nil:
 		s.log.Warn("kafka: produce failed; transaction aborted, the batch will be consumed again", "err", perr)
+		return true, nil
 	default:
 		s.log.Info("kafka: transaction aborted (rebalance or shutdown); the batch will be consumed again")
 	}
-	return nil
+	return false, nil
 }
 
 // Close aborts nothing (End already ran for every batch), leaves the group

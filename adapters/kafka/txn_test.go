@@ -129,3 +129,48 @@ func readIsolated(ctx context.Context, t *testing.T, brokers []string, topic str
 	}
 	return out
 }
+
+// TestTransactSessionPausesAfterFailedBatch: a batch whose transform fails
+// is consumed again, but after a growing pause, not at once: before, a
+// transform failing for ever on one record spun the session (begin, poll,
+// abort, hundreds of times a second, a warning logged each time).
+func TestTransactSessionPausesAfterFailedBatch(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	var calls atomic.Int64
+	second := make(chan struct{})
+	fn := func(context.Context, *ackwise.Message, func(Output)) error {
+		if calls.Add(1) == 2 {
+			close(second)
+		}
+		return errors.New("fails for ever")
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- sess.Run(runCtx, fn) }()
+	select {
+	case <-second: // the failed batch came back: it is retried
+	case <-ctx.Done():
+		t.Fatalf("the failed batch was not consumed again (%d calls)", calls.Load())
+	}
+	// A window of one second: pauses of 100ms, 200ms, 400ms, ... (±50%)
+	// fit at most a few more attempts in it; no pause fits hundreds.
+	from := calls.Load()
+	time.Sleep(time.Second)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if n := calls.Load() - from; n > 6 {
+		t.Fatalf("%d attempts at a failing batch within a second: want a growing pause between them", n)
+	}
+}

@@ -192,6 +192,11 @@ func TestParseURL(t *testing.T) {
 	if got := cfg.withDefaults().retryTopics(); !slices.Equal(got, []string{"orders.retry.1m", "orders.retry.10m"}) {
 		t.Fatalf("retry topics %v", got)
 	}
+	// -1 means "do not wait" in Config.RevokeTimeout; so it does in the URL.
+	u, _ = url.Parse("kafka://h1:9092/orders?revoke_timeout=-1")
+	if cfg, err := ParseURL(u); err != nil || cfg.RevokeTimeout != -1 {
+		t.Fatalf("revoke_timeout=-1: %v, %v", cfg.RevokeTimeout, err)
+	}
 	bad := []string{
 		"kafka://alice:s3cret@h1:9092/orders?sasl=kerberos",
 		"kafka://alice:s3cret@h1:9092/orders",
@@ -206,6 +211,13 @@ func TestParseURL(t *testing.T) {
 		"kafka://h1:9092/orders?fetch_max_bytes=lots",
 		"kafka://h1:9092/orders?fetch_max_partition_bytes=-1",
 		"kafka://h1:9092/orders?fetch_max_partition_bytes=3000000000",
+		// Malformed pairs are an error, not dropped (url.Values would drop them).
+		"kafka://alice:s3cret@h1:9092/orders?sasl=plain&group=g&tiers=1m;dlq=orders.dead",
+		"kafka://h1:9092/orders?group=g&dlq=orders%zzdead",
+		"kafka://h1:9092/orders?group=g&tls=true&tls_ca=%zz",
+		// An explicit tls=false is not overridden by a TLS setting.
+		"kafka://h1:9092/orders?tls=false&tls_server_name=kafka.internal",
+		"kafka://h1:9092/orders?revoke_timeout=-2",
 	}
 	for _, raw := range bad {
 		u, err := url.Parse(raw)

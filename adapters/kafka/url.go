@@ -46,18 +46,21 @@ func init() {
 //   - retry_prefix: retry topics are named <retry_prefix><tier> instead of
 //     <topic>.retry.<tier>;
 //   - dlq: the dead-letter topic (default <topic>.dlq);
-//   - commit_interval, revoke_timeout: Go durations;
+//   - commit_interval, revoke_timeout: Go durations (revoke_timeout=-1: do
+//     not wait, as in Config);
 //   - poll_batch, fetch_max_bytes, fetch_max_partition_bytes:
 //     Config.PollBatch, Config.FetchMaxBytes and Config.FetchMaxPartitionBytes;
 //   - start: earliest (default) or latest;
 //   - client_id;
 //   - tls: true to dial with TLS; tls_ca (PEM file of CAs to trust),
 //     tls_cert and tls_key (PEM files of a client certificate),
-//     tls_server_name, tls_insecure_skip_verify=true (tests only);
+//     tls_server_name, tls_insecure_skip_verify=true (tests only): any of
+//     these turns TLS on, and is an error beside tls=false;
 //   - sasl: plain, scram-sha-256 or scram-sha-512, with the user and
 //     password from the URL's user info.
 //
-// An unknown or repeated parameter is an error. Errors name the bad parameter
+// An unknown or repeated parameter is an error, and so is a malformed query
+// (a ';' separator, a bad %-escape). Errors name the bad parameter
 // and never contain the password.
 func ParseURL(u *url.URL) (Config, error) {
 	var cfg Config
@@ -72,7 +75,12 @@ func ParseURL(u *url.URL) (Config, error) {
 	if cfg.Topic == "" {
 		return cfg, fmt.Errorf("kafka: URL %q: no topic in the path", u.Redacted())
 	}
-	q := u.Query()
+	// Not u.Query(): it drops the pairs it cannot parse (a ';' separator, a
+	// bad %-escape), which would leave a parameter silently unset.
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return cfg, fmt.Errorf("kafka: URL %q: malformed query: %v", u.Redacted(), err)
+	}
 	for k, v := range q {
 		if !urlParams[k] {
 			return cfg, fmt.Errorf("kafka: URL %q: unknown parameter %q", u.Redacted(), k)
@@ -99,6 +107,10 @@ func ParseURL(u *url.URL) (Config, error) {
 	}
 	for name, dst := range map[string]*time.Duration{"commit_interval": &cfg.CommitInterval, "revoke_timeout": &cfg.RevokeTimeout} {
 		if v := q.Get(name); v != "" {
+			if name == "revoke_timeout" && v == "-1" {
+				*dst = -1 // do not wait, as in Config
+				continue
+			}
 			d, err := time.ParseDuration(v)
 			if err != nil {
 				return cfg, fmt.Errorf("kafka: URL parameter %s = %q: not a duration", name, v)
@@ -159,17 +171,20 @@ var urlParams = map[string]bool{
 }
 
 func tlsFromQuery(q url.Values) (*tls.Config, error) {
-	on := false
+	on, off := false, false
 	if v := q.Get("tls"); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
 			return nil, fmt.Errorf("kafka: URL parameter tls = %q: want true or false", v)
 		}
-		on = b
+		on, off = b, !b
 	}
 	for _, k := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name", "tls_insecure_skip_verify"} {
 		if q.Get(k) != "" {
-			on = true
+			if off {
+				return nil, fmt.Errorf("kafka: URL parameters tls = false and %s: a TLS setting with TLS turned off", k)
+			}
+			on = true // any TLS setting turns TLS on
 		}
 	}
 	if !on {

@@ -1,0 +1,121 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// TestSharePendingRecordsKeepTheirLock: records a share source polled but
+// has not handed out yet are locked to it by the broker, and the engine only
+// renews what it received. The source used to leave their locks to run out
+// behind a handler slower than the lock: the engine then found them invalid
+// and released them, the broker counted a delivery each time, and at
+// share.delivery.count.limit archived a record no handler ever saw. No
+// handler fails here, so every record must be handled, at attempt 1.
+func TestSharePendingRecordsKeepTheirLock(t *testing.T) {
+	t.Parallel()
+	brokers := shortLockCluster(t, "1500", "2")
+	cfg := testConfig(t, brokers, 1)
+	in := publishN(t, openSink(t, cfg), 3, func(int) string { return "k" })
+	src := openShare(t, cfg)
+
+	var mu sync.Mutex
+	handled := map[string]int{} // event ID -> attempt seen by the handler
+	all := make(chan struct{})
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		time.Sleep(2 * time.Second) // a handler longer than the 1.5s lock (the engine renews it)
+		mu.Lock()
+		defer mu.Unlock()
+		handled[m.ID] = m.Attempt
+		if len(handled) == len(in) {
+			select {
+			case <-all:
+			default:
+				close(all)
+			}
+		}
+		return nil
+	})
+	cons, err := consumer.New(src, h, consumer.Config{Concurrency: 1, MaxInFlight: 1, DrainTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(ctx) }()
+	select {
+	case <-all:
+	case <-time.After(15 * time.Second):
+	}
+	cancel()
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	for _, m := range in {
+		a, ok := handled[m.ID]
+		switch {
+		case !ok:
+			t.Errorf("%s was never handled (archived by the broker after its lock ran out while pending)", m.ID)
+		case a != 1:
+			t.Errorf("%s handled at attempt %d, want 1: its attempts were spent while it sat undelivered in the source", m.ID, a)
+		}
+	}
+}
+
+// TestShareDeadLetterAfterLockExpired: a record whose lock ran out is the
+// broker's to redeliver, so DeadLetter must not write a dead letter for it
+// (that would be a second copy beside the redelivered record): it releases
+// it and reports the receipt invalid.
+func TestShareDeadLetterAfterLockExpired(t *testing.T) {
+	t.Parallel()
+	brokers := shortLockCluster(t, "1000", "5")
+	cfg := testConfig(t, brokers, 1)
+	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	src := openShare(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	buf := make([]*ackwise.Message, 1)
+	if n, err := src.Receive(ctx, buf); n != 1 || err != nil {
+		t.Fatalf("Receive = %d, %v", n, err)
+	}
+	m := buf[0]
+	// The lock's deadline is what this test is about: wait it out.
+	time.Sleep(time.Until(m.Handle.(*shareReceipt).r.AcquisitionDeadline()) + 50*time.Millisecond)
+	if src.Valid(m) {
+		t.Fatal("Valid after the lock's deadline")
+	}
+	env := dlq.New(m, dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "t", "v1")
+	if err := src.DeadLetter(ctx, m, env); !errors.Is(err, adapters.ErrReceiptInvalid) {
+		t.Fatalf("DeadLetter of a record whose lock ran out = %v, want ErrReceiptInvalid", err)
+	}
+	if got := readAll(ctx, t, brokers, src.cfg.DeadLetterTopic); len(got) != 0 {
+		t.Fatalf("%d dead letters for a record the broker redelivers", len(got))
+	}
+}
+
+// shortLockCluster starts a kfake broker whose share groups lock a record
+// for lockMs milliseconds and archive it after limit deliveries.
+func shortLockCluster(t *testing.T, lockMs, limit string) []string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
+		kfake.BrokerConfigs(map[string]string{
+			"group.share.record.lock.duration.ms": lockMs,
+			"share.record.lock.sweep.interval.ms": "100",
+			"group.share.delivery.count.limit":    limit,
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c.ListenAddrs()
+}
