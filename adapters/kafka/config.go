@@ -87,8 +87,10 @@ type Config struct {
 	// than at 1 MiB, at the cost of more requests (mind the round trip on
 	// distant brokers). Zero means the client's default (1 MiB).
 	FetchMaxPartitionBytes int32
-	// StartOffset is where a group with no committed offset starts: "earliest"
-	// (the default) or "latest".
+	// StartOffset is where a group with no committed offset starts on the
+	// topic: "earliest" (the default) or "latest". Retry topics always
+	// start at their beginning: they hold only retries this group moved
+	// there, which "latest" would skip.
 	StartOffset string
 
 	// TLS, when non-nil, dials the brokers with TLS.

@@ -139,20 +139,33 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if n := len(cfg.RetryTiers); n > 0 {
 		s.caps.MaxDelay = cfg.RetryTiers[n-1]
 	}
-	start := kgo.NewOffset().AtStart()
-	if cfg.StartOffset == "latest" {
-		start = kgo.NewOffset().AtEnd()
-	}
 	opts := append(cfg.clientOpts(),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(topics...),
 		kgo.DisableAutoCommit(),
-		kgo.ConsumeResetOffset(start),
+		// Partitions with no commit start at the beginning, also with
+		// StartOffset "latest": that applies to the main topic only (see
+		// below). A retry partition with no commit yet holds retries this
+		// group moved there, with the source offsets committed past them:
+		// starting it at its end would lose them.
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.OnPartitionsAssigned(s.onAssigned),
 		kgo.OnPartitionsRevoked(s.onRevoked),
 		kgo.OnPartitionsLost(s.onLost),
+		kgo.BlockRebalanceOnPoll(), // see poll
 	)
+	if cfg.StartOffset == "latest" {
+		main := cfg.Topic
+		opts = append(opts, kgo.AdjustFetchOffsetsFn(func(_ context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
+			for p, o := range offs[main] {
+				if o.EpochOffset().Offset < 0 { // no commit: the reset offset
+					offs[main][p] = kgo.NewOffset().AtEnd()
+				}
+			}
+			return offs, nil
+		}))
+	}
 	if len(cfg.RetryTiers) > 0 {
 		// A resumed retry partition joins the next fetch only after the
 		// fetch in flight returns, which waits up to FetchMaxWait (5s by
@@ -267,6 +280,14 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 		}
 		timer.Stop()
 	}
+	// From here a settle fails: the commit below is the last for these
+	// partitions, and a settle it does not carry would be reported done
+	// while the next owner delivers the record again.
+	s.mu.Lock()
+	for _, p := range ps {
+		p.own.Store(ownSealed)
+	}
+	s.mu.Unlock()
 	s.commitMu.Lock()
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	err := s.commitLocked(cctx, cl, ps)
@@ -394,6 +415,14 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 // It reports whether the client is closed.
 func (s *Source) poll(ctx context.Context, limit int) (closed bool) {
 	fetches := s.cl.PollRecords(ctx, limit)
+	// The client was made with BlockRebalanceOnPoll: no rebalance callback
+	// runs between the poll and here, so the records are filed under the
+	// assignment they were polled under. Otherwise a partition revoked and
+	// assigned to this member again in between would get the records of
+	// its previous assignment: the new assignment fetches from the
+	// committed offset, below them, and the records in between would count
+	// as seen and never be delivered.
+	defer s.cl.AllowRebalance()
 	if fetches.IsClientClosed() {
 		return true
 	}
@@ -809,7 +838,7 @@ func (s *Source) settleLocked(msg *ackwise.Message, st uint8) (kick bool, err er
 		return false, err
 	}
 	p := rc.p
-	if p.own.Load() == ownGone {
+	if p.own.Load() >= ownSealed {
 		return false, fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
 	}
 	if !p.settleGen(rc.seq, rc.gen, st) {
@@ -832,7 +861,7 @@ func checkValid(msg *ackwise.Message) (*receipt, error) {
 	if err != nil {
 		return nil, err
 	}
-	if rc.p.own.Load() == ownGone {
+	if rc.p.own.Load() >= ownSealed {
 		return nil, fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
 	}
 	return rc, nil

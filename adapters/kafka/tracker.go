@@ -18,6 +18,7 @@ const (
 const (
 	ownOwned    int32 = iota // ours: deliver and settle
 	ownRevoking              // being revoked: settle, never deliver
+	ownSealed                // being revoked, its final commit taken: settle calls fail
 	ownGone                  // revoked or lost: settle calls fail
 )
 
