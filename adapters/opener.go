@@ -56,13 +56,10 @@ var ErrUnknownScheme = errors.New("adapters: unknown URL scheme")
 func lookup(rawURL string) (*url.URL, Opener, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		// url.Parse quotes the whole URL in its error; do not repeat it, as it
-		// may hold a password.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, Opener{}, fmt.Errorf("adapters: malformed URL: %w", err)
+		// Neither the URL nor url.Parse's reason: both may quote part of a
+		// password (an unescaped '#', '/' or '?' in it ends the user info
+		// early, and the reason names the port or host it then sees).
+		return nil, Opener{}, errors.New("adapters: malformed URL (not shown: it may hold credentials; percent-encode special characters in the user name and password)")
 	}
 	if u.Scheme == "" {
 		return nil, Opener{}, fmt.Errorf("adapters: URL %q has no scheme (want one of %s)", u.Redacted(), strings.Join(Schemes(), ", "))

@@ -2,6 +2,7 @@ package dlq
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -142,12 +143,34 @@ func (e Envelope) Encode(h *ackwise.Headers) {
 }
 
 // Apply returns a copy of headers with the envelope added. The message's
-// own headers are kept; envelope headers from an earlier dead-lettering (a
-// redriven message that failed again) are replaced.
+// own headers are kept but for credentials (see SecretHeaders); envelope
+// headers from an earlier dead-lettering (a redriven message that failed
+// again) are replaced.
 func (e Envelope) Apply(headers ackwise.Headers) ackwise.Headers {
 	out := withoutEnvelope(headers, 12)
+	out = slices.DeleteFunc(out, func(kv ackwise.Header) bool { return IsSecretHeader(kv.Key) })
 	e.Encode(&out)
 	return out
+}
+
+// SecretHeaders are the message headers Apply leaves out of a dead letter,
+// compared without regard to case: credentials a producer put in headers
+// must not be stored in a dead-letter destination, where every operator
+// who inspects it would see them. A redriven message goes back without
+// them.
+var SecretHeaders = []string{
+	"authorization", "proxy-authorization", "cookie", "set-cookie",
+	"x-api-key", "x-auth-token", "x-amz-security-token",
+}
+
+// IsSecretHeader reports whether key is one of SecretHeaders.
+func IsSecretHeader(key string) bool {
+	for _, s := range SecretHeaders {
+		if strings.EqualFold(key, s) {
+			return true
+		}
+	}
+	return false
 }
 
 // Decode reads the envelope from a dead letter's headers. It fails when the

@@ -94,3 +94,24 @@ func TestDecodeRejectsBadFields(t *testing.T) {
 		}
 	}
 }
+
+// TestApplyLeavesOutCredentials: credentials a producer put in headers are
+// not copied into the dead letter, whatever their case; other headers are.
+func TestApplyLeavesOutCredentials(t *testing.T) {
+	t.Parallel()
+	msg := &ackwise.Message{ID: "e1", Source: "orders", Headers: ackwise.HeadersOf(
+		"Authorization", "Bearer s3cret", "x-api-key", "k3y", "COOKIE", "session=abc", "trace-id", "t1")}
+	env := dlq.New(msg, dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "svc", "v1")
+	h := env.Apply(msg.Headers)
+	for _, kv := range h {
+		if dlq.IsSecretHeader(kv.Key) || strings.Contains(kv.Value, "s3cret") || kv.Value == "k3y" {
+			t.Errorf("dead letter carries %s: %q", kv.Key, kv.Value)
+		}
+	}
+	if h.Get("trace-id") != "t1" {
+		t.Errorf("dead letter lost header trace-id: %v", h)
+	}
+	if _, err := dlq.Decode(h); err != nil {
+		t.Errorf("no envelope: %v", err)
+	}
+}

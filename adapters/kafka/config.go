@@ -282,7 +282,7 @@ func (c Config) clientOpts() []kgo.Opt {
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ClientID(c.ClientID),
 		// acks=all with idempotent writes: franz-go's default, stated
-		// explicitly so that an override elsewhere cannot weaken it.
+		// here; NewSink refuses Options that weaken either.
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.WithLogger(slogAdapter{c.Logger}),
 	}

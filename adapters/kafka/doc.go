@@ -97,9 +97,11 @@
 //
 // # Sink
 //
-// [NewSink] publishes with acks=all and idempotent writes (enabled
-// explicitly), partitions by key, sets ackwise-event-id from Message.ID, and
-// returns produce errors; Close flushes.
+// [NewSink] publishes with acks=all and idempotent writes (franz-go's
+// defaults; NewSink refuses Config.Options that turn either off), partitions
+// by key, sets ackwise-event-id from Message.ID, and returns produce errors;
+// Publish returns when its context ends before the broker confirmed (the
+// records may still be written); Close flushes.
 //
 // # Share groups
 //

@@ -43,6 +43,16 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}
+	// Options come last, so they could weaken the guarantees the sink
+	// documents: refuse that rather than publish with fewer.
+	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		cl.Close()
+		return nil, errors.New("kafka: Config.Options disable idempotent writes: the sink produces idempotently, with acks=all")
+	}
+	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
+		cl.Close()
+		return nil, errors.New("kafka: Config.Options set acks other than all: the sink produces idempotently, with acks=all")
+	}
 	if err := cl.Ping(ctx); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
@@ -78,15 +88,37 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		r.Headers = recordHeaders(m)
 		recs[i] = r
 	}
-	var errs []error
-	for _, res := range s.cl.ProduceSync(ctx, recs...) {
-		if res.Err != nil {
-			errs = append(errs, fmt.Errorf("kafka: produce to %s: %w", s.cfg.Topic, res.Err))
-			if len(errs) >= 10 {
-				break
+	// Not ProduceSync: with idempotent writes franz-go keeps retrying a
+	// record it may have sent, past ctx, for as long as the broker is
+	// unreachable. Publish returns when ctx ends; the records may still be
+	// written later (a duplicate, if the caller publishes them again).
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	wg.Add(len(recs))
+	for _, r := range recs {
+		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+			if err != nil {
+				mu.Lock()
+				if len(errs) < 10 {
+					errs = append(errs, fmt.Errorf("kafka: produce to %s: %w", s.cfg.Topic, err))
+				}
+				mu.Unlock()
 			}
-		}
+			wg.Done()
+		})
 	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return fmt.Errorf("kafka: produce to %s: not confirmed: %w", s.cfg.Topic, ctx.Err())
+	}
+	mu.Lock()
+	defer mu.Unlock()
 	return errors.Join(errs...)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -69,6 +70,12 @@ func ParseURL(u *url.URL) (Config, error) {
 	}
 	if u.Host == "" {
 		return cfg, fmt.Errorf("kafka: URL %q: no brokers (want kafka://host:9092/topic)", u.Redacted())
+	}
+	if strings.Contains(u.Path, "@") {
+		// A topic cannot hold '@': the user info most likely ended early
+		// at an unescaped '/' in the password, which would then be in the
+		// path. Do not echo it.
+		return cfg, errors.New("kafka: URL path holds '@' (not shown: it may hold a password with an unescaped '/'; percent-encode it)")
 	}
 	cfg.Brokers = strings.Split(u.Host, ",")
 	cfg.Topic = strings.TrimPrefix(u.Path, "/")

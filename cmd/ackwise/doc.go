@@ -10,9 +10,9 @@
 // command registers the mem, kafka and amqp/amqps/rabbit schemes (see each
 // adapter's package documentation for its URL parameters). A "mem://" URL
 // opens the in-process broker of this one command run, so it is useful only
-// in tests. The RabbitMQ adapter cannot yet open a source on a dead-letter
-// queue (it expects a work queue's topology around it); RabbitMQ URLs work
-// as redrive targets.
+// in tests. A RabbitMQ dead-letter queue is read with ?plain=true (a plain
+// source consumes the queue as it is, with no topology around it); RabbitMQ
+// URLs work as redrive targets too.
 //
 // inspect and stats receive dead letters and release every one of them
 // before they exit: they never consume. redrive moves dead letters back,

@@ -450,9 +450,12 @@ func (l *list) String() string { return strings.Join(*l, ",") }
 
 func (l *list) Set(v string) error {
 	for _, s := range strings.Split(v, ",") {
-		if s = strings.TrimSpace(s); s != "" {
-			*l = append(*l, s)
+		if s = strings.TrimSpace(s); s == "" {
+			// Not skipped: an unset shell variable would otherwise turn
+			// the filter off, and move every message.
+			return fmt.Errorf("empty value in %q", v)
 		}
+		*l = append(*l, s)
 	}
 	return nil
 }
@@ -481,8 +484,8 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if *maxHeld < 1 {
 		return c.usageErr("-max-held = %d: want at least 1", *maxHeld)
 	}
-	if pos[0] == pos[1] {
-		return c.usageErr("the dead-letter source and the target are the same URL (%s)", redact(pos[0]))
+	if sameDestination(pos[0], pos[1]) {
+		return c.usageErr("the dead-letter source and the target are the same destination (%s)", redact(pos[0]))
 	}
 	opts := dlq.RedriveOptions{Rate: *rateF, Max: *maxF, DryRun: *dry, IdleTimeout: *idle, MaxHeld: *maxHeld}
 	if err := opts.Validate(); err != nil {
@@ -513,18 +516,22 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 			err = fmt.Errorf("close source %s: %w", redact(pos[0]), cerr)
 		}
 	}()
-	var sink adapters.Sink
-	if !*dry {
-		if sink, err = adapters.OpenSink(ctx, pos[1]); err != nil {
-			return fmt.Errorf("open target: %w", err)
-		}
-		defer func() {
-			if cerr := sink.Close(); cerr != nil && err == nil {
-				err = fmt.Errorf("close target %s: %w", redact(pos[1]), cerr)
-			}
-		}()
+	// Opened in a dry run too, so that a dry run fails where the real run
+	// would; it publishes nothing then.
+	sink, err := adapters.OpenSink(ctx, pos[1])
+	if err != nil {
+		return fmt.Errorf("open target: %w", err)
 	}
-	res, rerr := dlq.Redrive(ctx, src, sink, opts) // sink is nil in a dry run
+	defer func() {
+		if cerr := sink.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("close target %s: %w", redact(pos[1]), cerr)
+		}
+	}()
+	target := sink
+	if *dry {
+		target = nil // Redrive moves nothing without a sink
+	}
+	res, rerr := dlq.Redrive(ctx, src, target, opts)
 	verb := "moved"
 	n := res.Moved
 	if *dry {
@@ -540,4 +547,21 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		return fmt.Errorf("redrive: %w", rerr)
 	}
 	return nil
+}
+
+// sameDestination reports whether two URLs name the same destination:
+// the same scheme, host and path, whatever the query (a source URL carries
+// ?group=, a sink URL need not), the user info, the case of the scheme and
+// host, and a trailing '/'. URLs that do not parse are left to the opener.
+func sameDestination(a, b string) bool {
+	ua, err := url.Parse(a)
+	if err != nil {
+		return false
+	}
+	ub, err := url.Parse(b)
+	if err != nil {
+		return false
+	}
+	return strings.EqualFold(ua.Scheme, ub.Scheme) && strings.EqualFold(ua.Host, ub.Host) &&
+		strings.Trim(ua.Path, "/") == strings.Trim(ub.Path, "/") && ua.Opaque == ub.Opaque
 }

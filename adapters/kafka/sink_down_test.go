@@ -1,0 +1,74 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+)
+
+// TestSinkPublishReturnsWhenBrokerDown: Publish returns ctx's error when
+// ctx ends before the broker confirms. Before, with the broker gone, it
+// blocked for as long as franz-go retried (for ever, with idempotent
+// writes), whatever ctx said: a redrive into a target that went down hung.
+func TestSinkPublishReturnsWhenBrokerDown(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Brokers: c.ListenAddrs(), Topic: uniq("t")}
+	ctx0, cancel0 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel0()
+	if err := CreateTopics(ctx0, cfg, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := NewSink(ctx0, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sink.Client().Close) // not sink.Close: it waits up to 30s to flush to a broker that is gone
+	if err := sink.Publish(ctx0, &ackwise.Message{ID: "a", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- sink.Publish(ctx, &ackwise.Message{ID: "b", Payload: []byte("y")}) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Publish to a broker that is gone = %v, want the context's deadline", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Publish to a broker that is gone, with a 1s context, still blocked after 20s")
+	}
+}
+
+// TestSinkRefusesWeakerOptions: Config.Options are applied after the sink's
+// own, so they could turn off idempotent writes or acks=all; the sink
+// refuses them instead of publishing with weaker guarantees than it
+// documents.
+func TestSinkRefusesWeakerOptions(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	for name, opts := range map[string][]kgo.Opt{
+		"idempotence off": {kgo.DisableIdempotentWrite()},
+		"leader acks":     {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())},
+	} {
+		cfg := Config{Brokers: brokers, Topic: uniq("t"), Options: opts}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		sink, err := NewSink(ctx, cfg)
+		cancel()
+		if err == nil {
+			_ = sink.Close()
+			t.Errorf("%s: NewSink accepted it", name)
+		}
+	}
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestMalformedURLDoesNotPrintPassword: a password holding, unescaped, a
+// character that ends the user info ('#', '/', '?') made url.Parse fail
+// with an error quoting what followed the colon, or left the rest of the
+// password in the path, echoed as the topic: the password was printed.
+func TestMalformedURLDoesNotPrintPassword(t *testing.T) {
+	for _, u := range []string{
+		"kafka://ops:Sup3rSecret#x@broker:9092/orders.dlq?group=g",
+		"kafka://ops:Sup3rSecret/x@broker:9092/orders.dlq?group=g",
+		"amqp://ops:Sup3rSecret?x@broker:5672/orders.dlq?plain=true",
+		"kafka://ops:1234/Sup3rSecret@broker:9092/orders.dlq?group=g",
+	} {
+		code, out, errOut := ackwiseRun(t, "dlq", "inspect", u, "-idle", "100ms")
+		if strings.Contains(out+errOut, "Sup3rSecret") {
+			t.Errorf("%s: exit %d, printed the password:\nstdout %q\nstderr %q", u, code, out, errOut)
+		}
+	}
+}
+
+// TestRedriveRefusesSameDestination: the guard against redriving a
+// dead-letter queue into itself compared raw strings, so the queue spelt
+// differently passed, and the redrive replaced each dead letter with a copy
+// without its envelope, which no later redrive moves.
+func TestRedriveRefusesSameDestination(t *testing.T) {
+	tb := setup(t)
+	tb.add(t, "e1", "permanent", 2, "bad")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "mem://"+tb.dead, "mem://"+tb.dead+"/", "-idle", "100ms")
+	if code != exitUsage {
+		t.Errorf("redrive into the same queue spelt differently: exit %d, want a usage error:\nstdout %q\nstderr %q", code, out, errOut)
+	}
+	msgs, _ := tb.b.Messages(tb.dead)
+	for _, m := range msgs {
+		if m.Headers.Get("ackwise-dlq-reason") == "" {
+			t.Errorf("exit %d, stdout %q, stderr %q: the dead letter lost its envelope", code, out, errOut)
+		}
+	}
+}
+
+// TestDryRunOpensTarget: a dry run opened no target, nor parsed its URL:
+// a target the real run cannot open was reported as a successful dry run.
+func TestDryRunOpensTarget(t *testing.T) {
+	tb := setup(t)
+	tb.add(t, "e1", "permanent", 2, "bad")
+	for _, target := range []string{"nosuch://x/y", "kafka://broker:9092/orders?tier=1m", "kafka://broker:9092/bad topic"} {
+		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "mem://"+tb.dead, target, "-dry-run", "-idle", "100ms")
+		if code == exitOK {
+			t.Errorf("%s: dry run exit 0 for a target the real run cannot open:\nstdout %q\nstderr %q", target, out, errOut)
+		}
+	}
+}
+
+// TestEmptyFilterValueIsUsageError: an empty filter value (-reason "" from
+// an unset shell variable) was dropped, and the redrive then moved every
+// dead letter.
+func TestEmptyFilterValueIsUsageError(t *testing.T) {
+	tb := setup(t)
+	tb.add(t, "e1", "permanent", 2, "bad")
+	tb.add(t, "e2", "max-attempts", 1, "bad")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "mem://"+tb.dead, "mem://"+tb.work, "-reason", "", "-idle", "100ms")
+	if code != exitUsage {
+		t.Errorf("-reason \"\": exit %d, want a usage error:\nstdout %q\nstderr %q", code, out, errOut)
+	}
+}
