@@ -74,9 +74,9 @@ type Config struct {
 	// fetches the next batch while these are handled, and the memory is
 	// bounded by FetchMaxBytes. A PollBatch smaller than a fetch makes the
 	// client wait for the rest of the fetch to be taken before it fetches
-	// again. For a share source (NewShareSource) it is the most records
-	// the broker hands over, and locks, per poll: DefaultSharePollBatch
-	// when zero.
+	// again. For a share source (NewShareSource) it is about how many
+	// records the broker hands over, and locks, per poll:
+	// DefaultSharePollBatch when zero.
 	PollBatch int
 	// FetchMaxBytes is the most bytes the client fetches from a broker in
 	// one request (franz-go's FetchMaxBytes): with the fetch being handled

@@ -41,10 +41,11 @@ const DefaultShareLease = 30 * time.Second
 // engine receives it. So that no lock runs out on a record waiting in the
 // source (the broker would count a delivery that no handler saw, and archive
 // the record at its delivery limit), the client fetches only when Receive
-// polls, at most Config.PollBatch records (DefaultSharePollBatch when 0),
-// and the source renews the locks of the records it holds back every third
-// of the lease until it hands them out; from then on the engine's heartbeat
-// renews them.
+// polls, about Config.PollBatch records (DefaultSharePollBatch when 0; the
+// broker may return a little more rather than split a batch), and the
+// source renews the locks of the records it holds back every third of the
+// lease until it hands them out; from then on the engine's heartbeat renews
+// them. The source sends the acks queued meanwhile at the same pace.
 //
 // Receive must be called from one goroutine at a time; the settle methods
 // may be called concurrently.
@@ -61,7 +62,8 @@ type ShareSource struct {
 	drained     chan struct{} // closed when outstanding reaches 0
 
 	closed   atomic.Bool
-	stop     chan struct{} // closed by Close: ends renewPending
+	stopCtx  context.Context // cancelled by Close: ends renewPending
+	stop     context.CancelFunc
 	renewing sync.WaitGroup
 }
 
@@ -119,8 +121,10 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// At most batch records per fetch, and no fetching ahead: every
 		// record the broker locks for this member is one Receive polled.
+		// (Not ShareMaxRecordsStrict: splitting the producer's batches
+		// made kfake count a released record's delivery twice.)
 		kgo.ShareMaxRecords(batch),
-		kgo.ShareMaxRecordsStrict(),
+		kgo.MaxConcurrentFetches(0),
 	)
 	opts = append(opts, cfg.Options...)
 	// Set either way: a group earlier opened with "earliest" keeps that
@@ -142,21 +146,26 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 			"group", cfg.Group, "assumed", DefaultShareLease, "err", err)
 		lease = DefaultShareLease
 	}
-	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease, stop: make(chan struct{})}
+	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease}
+	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	s.renewing.Add(1)
 	go s.renewPending()
 	return s, nil
 }
 
 // renewPending renews the locks of the records polled but not handed out
-// yet, every third of the lease, until Close.
+// yet, every third of the lease, until Close, and sends the acks queued
+// meanwhile, renewals by ExtendLease included: with no fetch in flight
+// between polls, franz-go would hold them until the next poll, after the
+// locks they renew ran out.
 func (s *ShareSource) renewPending() {
 	defer s.renewing.Done()
-	t := time.NewTicker(max(s.lease/3, time.Millisecond))
+	every := max(s.lease/3, time.Millisecond)
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
-		case <-s.stop:
+		case <-s.stopCtx.Done():
 			return
 		case <-t.C:
 		}
@@ -168,6 +177,11 @@ func (s *ShareSource) renewPending() {
 			s.renewed = true
 		}
 		s.mu.Unlock()
+		ctx, cancel := context.WithTimeout(s.stopCtx, every)
+		if err := s.cl.FlushAcks(ctx); err != nil && s.stopCtx.Err() == nil {
+			s.log.Warn("kafka: share acks not sent", "group", s.cfg.Group, "err", err)
+		}
+		cancel()
 	}
 }
 
@@ -462,7 +476,7 @@ func (s *ShareSource) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
-	close(s.stop)
+	s.stop()
 	s.renewing.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

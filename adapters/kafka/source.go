@@ -400,20 +400,28 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		if s.cfg.PollBatch > 0 {
 			limit = max(len(buf), s.cfg.PollBatch)
 		}
-		closed := s.poll(pctx, limit)
+		closed, perr := s.poll(pctx, limit)
 		if cancel != nil {
 			cancel()
 		}
 		if closed {
 			return 0, adapters.ErrClosed
 		}
+		if perr != nil {
+			// Records the poll also returned are delivered by the next
+			// call; the caller (the engine) logs the error and backs off.
+			return 0, perr
+		}
 	}
 }
 
 // poll takes up to limit records from the client (all it has when limit is
 // negative), waiting until there are some or ctx is done, and stashes them.
-// It reports whether the client is closed.
-func (s *Source) poll(ctx context.Context, limit int) (closed bool) {
+// It reports whether the client is closed, and the first fetch error that
+// retrying will not cure (an authorization failure, say): franz-go keeps
+// trying, and a Receive that only logged it (the default Logger discards)
+// would wait for ever without a word.
+func (s *Source) poll(ctx context.Context, limit int) (closed bool, fatal error) {
 	fetches := s.cl.PollRecords(ctx, limit)
 	// The client was made with BlockRebalanceOnPoll: no rebalance callback
 	// runs between the poll and here, so the records are filed under the
@@ -424,16 +432,19 @@ func (s *Source) poll(ctx context.Context, limit int) (closed bool) {
 	// as seen and never be delivered.
 	defer s.cl.AllowRebalance()
 	if fetches.IsClientClosed() {
-		return true
+		return true, nil
 	}
 	fetches.EachError(func(t string, p int32, err error) {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return
 		}
 		s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+		if fatal == nil && !kerr.IsRetriable(err) {
+			fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
+		}
 	})
 	s.stash(fetches)
-	return false
+	return false, fatal
 }
 
 // pendingRun is a partition's records of a poll not yet delivered, in
@@ -590,7 +601,7 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 		// takes what it has buffered before it looks at the deadline, and
 		// waits at most that long if a rebalance dropped it meanwhile.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
-		s.poll(ctx, -1)
+		_, _ = s.poll(ctx, -1) // an error shows again in the next blocking poll
 		cancel()
 	}
 	return n, len(pause) > 0
