@@ -47,11 +47,10 @@ type Config struct {
 	RetryTiers []time.Duration
 	// RetryTopic names the retry topic of a tier. Nil means
 	// [DefaultRetryTopic] ("<topic>.retry.<tier>"). Names must be distinct
-	// and differ from Topic and DeadLetterTopic. Retry topics belong to one
-	// consumer group: a group consumes every record on them. Two groups
-	// consuming the same topic with retry tiers must name their retry
-	// topics apart (for example with the group in them; retry_prefix in a
-	// URL), or each handles the other's retries as its own.
+	// and differ from Topic and DeadLetterTopic. Groups consuming the same
+	// topic may share its retry topics: each handles only the records it
+	// moved there (HeaderRetryGroup) and settles the others unseen. Naming
+	// them apart per group (retry_prefix in a URL) saves reading those.
 	RetryTopic func(topic string, tier time.Duration) string
 	// DeadLetterTopic is where DeadLetter produces. Empty means Topic +
 	// DefaultDeadLetterSuffix (".dlq").

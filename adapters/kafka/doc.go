@@ -73,7 +73,10 @@
 // carries the headers ackwise-attempt (incremented per hop),
 // ackwise-first-failure, [HeaderRetryDue] (when the record is due), and
 // [HeaderOriginalTopic], [HeaderOriginalPartition], [HeaderOriginalOffset]
-// (where the record first sat); the original key, value and headers are kept.
+// (where the record first sat), and [HeaderRetryGroup] (the group that moved
+// it: groups on the same topic share its retry topics, and each handles only
+// the records it moved, settling the others unseen); the original key, value
+// and headers are kept.
 // A retry-topic partition whose head record is not yet due is paused with
 // PauseFetchPartitions and resumed when it is due: nothing sleeps, and the
 // main topic and the other tiers keep flowing. A record is held at most its

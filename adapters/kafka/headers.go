@@ -13,4 +13,8 @@ const (
 	HeaderOriginalPartition = "ackwise-original-partition"
 	// HeaderOriginalOffset is the offset a retried record first had.
 	HeaderOriginalOffset = "ackwise-original-offset"
+	// HeaderRetryGroup is the consumer group that moved a record to a retry
+	// topic. A source settles, without delivering, the records of a retry
+	// topic that another group moved there (groups sharing retry topics).
+	HeaderRetryGroup = "ackwise-retry-group"
 )

@@ -532,6 +532,7 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 	s.mu.Lock()
 	s.build = s.build[:0]
 	var pause map[string][]int32
+	kick := false // records settled here, unseen: the committer must know
 	for s.pendIdx < len(s.pending) && n < len(buf) {
 		run := &s.pending[s.pendIdx]
 		if len(run.recs) == 0 || run.p.own.Load() != ownOwned {
@@ -558,8 +559,15 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 		if p.skip != nil {
 			if _, ok := p.skip[r.Offset]; ok {
 				p.trackSettled(r.Offset, r.LeaderEpoch)
+				kick = true
 				continue
 			}
+		}
+		if p.retry && !s.ownRetry(r) {
+			// Moved here by another group sharing the retry topic.
+			p.trackSettled(r.Offset, r.LeaderEpoch)
+			kick = true
+			continue
 		}
 		if p.retry {
 			due := retryDue(r)
@@ -589,6 +597,9 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 	pauseLocked(s.cl, pause)
 	ahead := n > 0 && s.cfg.PollBatch == 0 && s.queued <= s.last
 	s.mu.Unlock()
+	if kick {
+		s.kickCommitter()
+	}
 	s.buildInto(buf)
 	if ahead && s.cl.BufferedFetchRecords() > 0 {
 		// Read ahead: take the next fetch as soon as the client has it,
@@ -626,6 +637,18 @@ func (s *Source) buildInto(buf []*ackwise.Message) {
 	// Not cleared here (while the garbage collector marks, that costs a
 	// write barrier per pointer), but before Receive waits: see poll.
 	s.build = s.build[:0]
+}
+
+// ownRetry reports whether r, a record of a retry topic, was moved there by
+// this source's group. A record without HeaderRetryGroup (moved by an
+// ackwise before it set one) counts as this group's.
+func (s *Source) ownRetry(r *kgo.Record) bool {
+	for _, h := range r.Headers {
+		if h.Key == HeaderRetryGroup {
+			return string(h.Value) == s.cfg.Group
+		}
+	}
+	return true
 }
 
 func retryDue(r *kgo.Record) time.Time {
@@ -696,7 +719,7 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 			k := kv.Key // franz-go already made it a string
 			v := take(len(kv.Value))
 			switch k {
-			case HeaderRetryDue:
+			case HeaderRetryDue, HeaderRetryGroup:
 				continue
 			case HeaderOriginalTopic:
 				if p.retry {
@@ -985,10 +1008,10 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if msg.Key != "" {
 		rec.Key = []byte(msg.Key)
 	}
-	rec.Headers = make([]kgo.RecordHeader, 0, len(msg.Headers)+6)
+	rec.Headers = make([]kgo.RecordHeader, 0, len(msg.Headers)+7)
 	for _, kv := range msg.Headers {
 		switch kv.Key {
-		case ackwise.HeaderAttempt, ackwise.HeaderFirstFailure, HeaderRetryDue, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset:
+		case ackwise.HeaderAttempt, ackwise.HeaderFirstFailure, HeaderRetryDue, HeaderOriginalTopic, HeaderOriginalPartition, HeaderOriginalOffset, HeaderRetryGroup:
 			continue
 		}
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})
@@ -1008,6 +1031,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		kgo.RecordHeader{Key: HeaderOriginalTopic, Value: []byte(msg.Source)},
 		kgo.RecordHeader{Key: HeaderOriginalPartition, Value: []byte(strconv.FormatInt(int64(msg.Partition), 10))},
 		kgo.RecordHeader{Key: HeaderOriginalOffset, Value: []byte(strconv.FormatInt(msg.Offset, 10))},
+		kgo.RecordHeader{Key: HeaderRetryGroup, Value: []byte(s.cfg.Group)},
 	)
 	if _, ok := msg.Headers.Lookup(ackwise.HeaderEventID); !ok && msg.ID != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(msg.ID)})
