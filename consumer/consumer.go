@@ -435,9 +435,6 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	if delay <= 0 {
 		delay = c.cfg.Retry.Delay(msg.Attempt)
 	}
-	if c.caps.MaxDelay > 0 && delay > c.caps.MaxDelay {
-		delay = c.caps.MaxDelay
-	}
 	c.log.Debug("retrying", slog.String("event_id", adapters.EventID(msg)), slog.Int("attempt", msg.Attempt), slog.Duration("delay", delay), slog.Any("error", err))
 	if c.inPlace {
 		if c.stopping.Load() {
@@ -452,6 +449,12 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 			return false
 		}
 		return true
+	}
+	// Only the broker's delay has a ceiling: a wait in place is the
+	// engine's own timer, and honours a RetryAfter longer than the
+	// broker's last tier.
+	if c.caps.MaxDelay > 0 && delay > c.caps.MaxDelay {
+		delay = c.caps.MaxDelay
 	}
 	c.settle(msg, Retried, elapsed, c.src.Nack(sctx, msg, delay))
 	return false
