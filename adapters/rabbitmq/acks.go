@@ -53,6 +53,15 @@ func (ss *session) flush() {
 	ss.mu.Lock()
 	tags := ss.acks
 	ss.acks, ss.spare = ss.spare[:0], nil
+	if ss.isDead.Load() {
+		// kill emptied the in-flight list while the channel may still be
+		// open: with no head as a limit, a multiple ack would cover
+		// deliveries still in their handlers. Write nothing: the broker
+		// redelivers these (a duplicate, not a loss).
+		ss.mu.Unlock()
+		ss.recycle(tags)
+		return
+	}
 	limit := ^uint64(0)
 	if ss.head != nil {
 		limit = ss.head.d.DeliveryTag
