@@ -27,6 +27,11 @@
 // INSERT to save a round trip (worth it when the database is across a
 // network), at the price of an ERROR line in the server log per duplicate.
 //
+// A claim fails with a permanent error ([ackwise.Permanent]) for an event ID
+// PostgreSQL cannot store (a NUL byte, an invalid character, too long for
+// the index): retrying cannot cure it, so the message is dead-lettered at
+// once. Other failures are transient.
+//
 // Old records are removed by [Store.Prune] run from a periodic job; a BRIN
 // index on processed_at (records arrive in time order) keeps it cheap
 // without slowing inserts. The table is deliberately not partitioned by

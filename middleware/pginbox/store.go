@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/middleware"
 )
 
@@ -293,7 +294,7 @@ func (s *Store) claimTop(ctx context.Context, key middleware.InboxKey) (middlewa
 					return nil, false, nil
 				}
 				conn.Release()
-				return nil, false, fmt.Errorf("pginbox: claim: %w", err)
+				return nil, false, claimError(err)
 			}
 			return &claim{store: s, tx: tx, conn: conn}, true, nil
 		}
@@ -308,11 +309,29 @@ func (s *Store) claimTop(ctx context.Context, key middleware.InboxKey) (middlewa
 	if err != nil || tag.RowsAffected() == 0 {
 		_ = c.Rollback(context.WithoutCancel(ctx))
 		if err != nil {
-			return nil, false, fmt.Errorf("pginbox: claim: %w", err)
+			return nil, false, claimError(err)
 		}
 		return nil, false, nil
 	}
 	return c, true, nil
+}
+
+// claimError wraps a failed claim. A key PostgreSQL can never store (a NUL
+// byte or an invalid character in it, or one too long for the index) is a
+// permanent error: retrying cannot cure it, so the message goes to the dead
+// letters at once instead of after every attempt.
+func claimError(err error) error {
+	err = fmt.Errorf("pginbox: claim: %w", err)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "22021", // character_not_in_repertoire (a NUL byte, invalid UTF-8)
+			"22P05", // untranslatable_character
+			"54000": // program_limit_exceeded (index row size)
+			return ackwise.Permanent(err)
+		}
+	}
+	return err
 }
 
 // enclosing returns the claim ctx carries when it is on s's pool: a claim

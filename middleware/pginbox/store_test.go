@@ -2,6 +2,8 @@ package pginbox_test
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strings"
@@ -484,9 +486,18 @@ func TestAwkwardEventIDs(t *testing.T) {
 		if n := runs.Load(); n != int32(len(ids)) {
 			t.Errorf("handler ran %d times for %d events delivered twice, want %d", n, len(ids), len(ids))
 		}
-		// PostgreSQL text cannot hold NUL: an error, not a claim.
-		if err := h.Handle(t.Context(), msgFor("nul\x00byte")); err == nil {
-			t.Error("an event ID with a NUL byte was accepted")
+		// PostgreSQL text cannot hold NUL: an error, not a claim, and a
+		// permanent one (retrying cannot cure it); so is a key too long
+		// for the index.
+		long := make([]byte, 16<<10) // random: PostgreSQL compresses a repetitive one below the limit
+		_, _ = rand.Read(long)
+		for _, id := range []string{"nul\x00byte", hex.EncodeToString(long)} {
+			err := h.Handle(t.Context(), msgFor(id))
+			if err == nil {
+				t.Errorf("event ID %.20q… was accepted", id)
+			} else if c := ackwise.ClassOf(err); c != ackwise.ClassPermanent {
+				t.Errorf("event ID %.20q…: %v classified %v, want permanent", id, err, c)
+			}
 		}
 	})
 }
