@@ -75,7 +75,8 @@ func NewEventID() string {
 
 // Publish publishes msgs and returns once the broker confirmed every one.
 // The span in ctx, if any, is written into each message's traceparent header
-// (InjectTrace). Messages without an ID get one first (Publish sets msg.ID), so every retry
+// (InjectTrace) unless it has one. Messages without an ID (msg.ID or the
+// ackwise-event-id header) get one first (Publish sets msg.ID), so every retry
 // — this call's own, or the caller's after an error — carries the same ID.
 // A failure marked ackwise.Permanent, a closed sink or a done ctx ends the
 // retries at once. On error some messages may have been published; publishing
@@ -85,16 +86,22 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 		if m == nil {
 			return fmt.Errorf("producer: message %d is nil", i)
 		}
-		if m.ID == "" {
+		// An ID only in the header (a forwarded or redriven message, an
+		// outbox row) is the event's: keep it, and make it the message's.
+		if id := adapters.EventID(m); id == "" {
 			m.ID = p.newID()
+		} else if m.ID == "" {
+			m.ID = id
 		}
 		InjectTrace(ctx, m)
 	}
 	b := backoff.WithContext(backoff.WithMaxRetries(p.retry.BackOff(), uint64(p.retry.MaxAttempts-1)), ctx)
 	attempt := 0
+	var last error // the broker's: backoff returns only ctx's when ctx ends in a wait
 	err := backoff.Retry(func() error {
 		attempt++
 		err := p.sink.Publish(ctx, msgs...)
+		last = err
 		switch {
 		case err == nil:
 			return nil
@@ -103,6 +110,9 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 		}
 		return err
 	}, b)
+	if err != nil && last != nil && !errors.Is(err, last) {
+		err = errors.Join(err, last)
+	}
 	if err != nil {
 		return fmt.Errorf("producer: publish failed after %d attempt(s): %w", attempt, err)
 	}
