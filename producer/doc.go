@@ -1,15 +1,17 @@
 // Package producer publishes events with stable IDs and broker confirmation.
 //
 // A [Publisher] wraps an [adapters.Sink]. It gives every message without an
-// ID a new event ID (a UUIDv7: unique, and ordered by time, which keeps inbox
+// ID (neither Message.ID nor the ackwise-event-id header; an ID only in the
+// header becomes Message.ID) a new event ID (a UUIDv7: unique, and ordered by time, which keeps inbox
 // indexes compact) before the first attempt, so that a publish retried after
 // a lost confirmation carries the same ID and the consumer's inbox absorbs the
 // copy. It returns only after the broker confirmed every message, retrying
 // transient failures with the retry policy's backoff.
 //
 // InjectTrace writes the W3C trace context of the current span into a
-// message's headers; Publish does it for every message, so consumers using
-// middleware.Tracing continue the producer's trace.
+// message's headers; Publish does it for every message that has no
+// traceparent yet (a forwarded message keeps the trace it started in), so
+// consumers using middleware.Tracing continue the producer's trace.
 //
 // The transactional outbox, for publishing as part of a database write, will
 // live in producer/outbox.
