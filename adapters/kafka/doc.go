@@ -102,7 +102,9 @@
 //
 // [NewSink] publishes with acks=all and idempotent writes (franz-go's
 // defaults; NewSink refuses Config.Options that turn either off), partitions
-// by key, sets ackwise-event-id from Message.ID, and returns produce errors;
+// by key, sets ackwise-event-id from Message.ID, and returns produce errors
+// (those retrying cannot cure, such as a record too large, marked
+// ackwise.Permanent);
 // Publish returns when its context ends before the broker confirmed (the
 // records may still be written); Close flushes.
 //

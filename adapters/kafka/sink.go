@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
@@ -103,7 +104,7 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 			if err != nil {
 				mu.Lock()
 				if len(errs) < 10 {
-					errs = append(errs, fmt.Errorf("kafka: produce to %s: %w", s.cfg.Topic, err))
+					errs = append(errs, produceError(s.cfg.Topic, err))
 				}
 				mu.Unlock()
 			}
@@ -159,4 +160,17 @@ func (s *Sink) Close() error {
 		return fmt.Errorf("kafka: flush on close: %w", err)
 	}
 	return nil
+}
+
+// produceError wraps a failed produce. A broker error that retrying cannot
+// cure (a record too large, an authorization failure: franz-go already
+// retried the others) is marked ackwise.Permanent, so that a retrying
+// caller (producer.Publisher) stops at once instead of after every attempt.
+func produceError(topic string, err error) error {
+	err = fmt.Errorf("kafka: produce to %s: %w", topic, err)
+	var ke *kerr.Error
+	if errors.As(err, &ke) && !ke.Retriable {
+		return ackwise.Permanent(err)
+	}
+	return err
 }

@@ -72,3 +72,25 @@ func TestSinkRefusesWeakerOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestSinkTooLargeIsPermanent: a record the client can never produce (here
+// larger than a batch may be) fails with a permanent error, so a retrying
+// publisher gives up at once instead of after every attempt.
+func TestSinkTooLargeIsPermanent(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := Config{Brokers: brokers, Topic: uniq("t")}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := CreateTopics(ctx, cfg, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	sink := openSink(t, cfg)
+	err := sink.Publish(ctx, &ackwise.Message{ID: "big", Payload: make([]byte, 2<<20)})
+	if err == nil {
+		t.Fatal("a 2 MiB record was accepted")
+	}
+	if c := ackwise.ClassOf(err); c != ackwise.ClassPermanent {
+		t.Fatalf("Publish of a record too large = %v, classified %v, want permanent", err, c)
+	}
+}
