@@ -298,12 +298,7 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		if len(s.pending) > 0 {
 			n := 0
 			for n < len(buf) && len(s.pending) > 0 {
-				m := shareMessage(s.pending[0])
-				if s.renewed {
-					// Its fetch-time deadline no longer holds.
-					m.Handle.(*shareReceipt).renewed.Store(true)
-				}
-				buf[n] = m
+				buf[n] = shareMessage(s.pending[0], s.renewed)
 				s.pending = s.pending[1:]
 				n++
 			}
@@ -347,12 +342,16 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 	}
 }
 
-func shareMessage(r *kgo.Record) *ackwise.Message {
+// shareMessage builds r's message; renewed says its lock was renewed while
+// it waited in the source, so its fetch-time deadline no longer holds.
+func shareMessage(r *kgo.Record, renewed bool) *ackwise.Message {
 	m := plainMessage(r)
 	if dc := int(r.DeliveryCount()); dc > 0 {
 		m.Attempt = dc
 	}
-	m.Handle = &shareReceipt{r: r}
+	rc := &shareReceipt{r: r}
+	rc.renewed.Store(renewed)
+	m.Handle = rc
 	return m
 }
 

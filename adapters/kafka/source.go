@@ -563,14 +563,14 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 				continue
 			}
 		}
-		if p.retry && !s.ownRetry(r) {
-			// Moved here by another group sharing the retry topic.
-			p.trackSettled(r.Offset, r.LeaderEpoch)
-			kick = true
-			continue
-		}
 		if p.retry {
-			due := retryDue(r)
+			due, group, tagged := retryHeaders(r)
+			if tagged && group != s.cfg.Group {
+				// Moved here by another group sharing the retry topic.
+				p.trackSettled(r.Offset, r.LeaderEpoch)
+				kick = true
+				continue
+			}
 			// A record is never due later than its tier from now: a
 			// member whose clock ran ahead (or a corrupt header) must not
 			// pause the partition for longer.
@@ -639,28 +639,22 @@ func (s *Source) buildInto(buf []*ackwise.Message) {
 	s.build = s.build[:0]
 }
 
-// ownRetry reports whether r, a record of a retry topic, was moved there by
-// this source's group. A record without HeaderRetryGroup (moved by an
-// ackwise before it set one) counts as this group's.
-func (s *Source) ownRetry(r *kgo.Record) bool {
+// retryHeaders reads, in one pass, what a retry topic's record says of its
+// hop: when it is due (zero when unset or unreadable), and the group that
+// moved it (tagged false for a record moved by an ackwise before it set
+// HeaderRetryGroup: it counts as the reader's own).
+func retryHeaders(r *kgo.Record) (due time.Time, group string, tagged bool) {
 	for _, h := range r.Headers {
-		if h.Key == HeaderRetryGroup {
-			return string(h.Value) == s.cfg.Group
-		}
-	}
-	return true
-}
-
-func retryDue(r *kgo.Record) time.Time {
-	for _, h := range r.Headers {
-		if h.Key == HeaderRetryDue {
-			ms, err := strconv.ParseInt(string(h.Value), 10, 64)
-			if err == nil {
-				return time.UnixMilli(ms)
+		switch h.Key {
+		case HeaderRetryDue:
+			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+				due = time.UnixMilli(ms)
 			}
+		case HeaderRetryGroup:
+			group, tagged = string(h.Value), true
 		}
 	}
-	return time.Time{}
+	return due, group, tagged
 }
 
 // message builds the Message of a record. Called by the goroutine calling
