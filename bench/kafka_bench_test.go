@@ -261,15 +261,24 @@ func consumeRaw(b *testing.B, p kafkaPayload) {
 	_ = sink
 }
 
-// consumeSource drives the ackwise source directly: Receive, Ack, Recycle.
-func consumeSource(b *testing.B, p kafkaPayload) {
-	brokers, topic := kafkaFilledTopic(b, "src", p)
+// kafkaTimedSource fills a topic with b.N records of payload p, then starts
+// the timer and the meter and opens an ackwise source on the topic: opening
+// it (joining the group) is timed, as for every variant.
+func kafkaTimedSource(b *testing.B, prefix string, p kafkaPayload) (*kafka.Source, meter) {
+	b.Helper()
+	brokers, topic := kafkaFilledTopic(b, prefix, p)
 	mt := startMeter()
-	ctx := context.Background()
-	src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
+	src, err := kafka.NewSource(context.Background(), kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
 	if err != nil {
 		b.Fatal(err)
 	}
+	return src, mt
+}
+
+// consumeSource drives the ackwise source directly: Receive, Ack, Recycle.
+func consumeSource(b *testing.B, p kafkaPayload) {
+	src, mt := kafkaTimedSource(b, "src", p)
+	ctx := context.Background()
 	buf := make([]*ackwise.Message, 64)
 	var sink int
 	for n := 0; n < b.N; {
@@ -295,13 +304,7 @@ func consumeSource(b *testing.B, p kafkaPayload) {
 
 // consumeEngine runs the ackwise engine on the source: what users run.
 func consumeEngine(b *testing.B, p kafkaPayload) {
-	brokers, topic := kafkaFilledTopic(b, "eng", p)
-	mt := startMeter()
-	ctx := context.Background()
-	src, err := kafka.NewSource(ctx, kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	src, mt := kafkaTimedSource(b, "eng", p)
 	var n atomic.Int64
 	all := make(chan struct{})
 	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
