@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
@@ -27,8 +28,33 @@ const IdempotencyKeyPrefix = "ackwise-"
 // every common API's length limit. It returns "" when msg has no event ID,
 // because a key shared by every such message would make the API drop real
 // calls; callers must treat "" as "no key available".
+//
+// Under an [Inbox] with a custom [InboxConfig].KeyFunc, use
+// [InboxIdempotencyKey] instead: it derives the key from the event ID the
+// inbox claimed, which this function cannot see.
 func IdempotencyKey(msg *ackwise.Message, consumer, step string) string {
-	id := EventID(msg)
+	return idempotencyKey(consumer, EventID(msg), step)
+}
+
+// InboxIdempotencyKey is [IdempotencyKey] for a handler run by an [Inbox]:
+// the key is derived from the inbox's consumer name, the event ID the inbox
+// claimed for the message (what [InboxConfig].KeyFunc returned, when set) and
+// step. ctx is the handler's. It returns "" when ctx does not come from an
+// inbox that claimed an event (no inbox, or a message without a key let
+// through by AllowMissingKey).
+func InboxIdempotencyKey(ctx context.Context, step string) string {
+	k, ok := ctx.Value(inboxKeyCtx{}).(InboxKey)
+	if !ok {
+		return ""
+	}
+	return idempotencyKey(k.Consumer, k.EventID, step)
+}
+
+// inboxKeyCtx is the context key under which Inbox passes its claimed key
+// to the handler.
+type inboxKeyCtx struct{}
+
+func idempotencyKey(consumer, id, step string) string {
 	if id == "" {
 		return ""
 	}

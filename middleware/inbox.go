@@ -146,7 +146,8 @@ func Inbox(store InboxStore, cfg InboxConfig) (ackwise.Middleware, error) {
 				}
 				return ackwise.Permanent(ErrNoEventID)
 			}
-			c, claimed, err := store.ClaimEvent(ctx, InboxKey{Consumer: cfg.Consumer, EventID: id})
+			key := InboxKey{Consumer: cfg.Consumer, EventID: id}
+			c, claimed, err := store.ClaimEvent(ctx, key)
 			if err != nil {
 				return fmt.Errorf("middleware: inbox claim of event %q: %w", id, err)
 			}
@@ -158,7 +159,9 @@ func Inbox(store InboxStore, cfg InboxConfig) (ackwise.Middleware, error) {
 				}
 				return nil
 			}
-			return runClaimed(ctx, c, next, msg, logger, "inbox")
+			// For InboxIdempotencyKey: the ID KeyFunc gave, which the
+			// handler cannot derive from msg alone.
+			return runClaimed(context.WithValue(ctx, inboxKeyCtx{}, key), c, next, msg, logger, "inbox")
 		})
 	}, nil
 }
