@@ -6,7 +6,10 @@
 // indexes compact) before the first attempt, so that a publish retried after
 // a lost confirmation carries the same ID and the consumer's inbox absorbs the
 // copy. It returns only after the broker confirmed every message, retrying
-// transient failures with the retry policy's backoff.
+// transient failures with the retry policy's backoff. A failure marked
+// ackwise.Permanent is not retried; one marked ackwise.RetryAfter waits at
+// least the delay it asks for, or is returned at once when that delay is
+// longer than the policy's MaxInterval.
 //
 // InjectTrace writes the W3C trace context of the current span into a
 // message's headers; Publish does it for every message that has no

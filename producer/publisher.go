@@ -79,8 +79,12 @@ func NewEventID() string {
 // ackwise-event-id header) get one first (Publish sets msg.ID), so every retry
 // — this call's own, or the caller's after an error — carries the same ID.
 // A failure marked ackwise.Permanent, a closed sink or a done ctx ends the
-// retries at once. On error some messages may have been published; publishing
-// them again is safe because their IDs are stable.
+// retries at once. A failure marked ackwise.RetryAfter(err, d) makes the
+// next try wait at least d; when d is longer than the policy's MaxInterval,
+// Publish returns the error at once instead of blocking that long (the
+// caller reads d back with ackwise.RetryAfterOf). On error some messages may
+// have been published; publishing them again is safe because their IDs are
+// stable.
 func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	for i, m := range msgs {
 		if m == nil {
@@ -95,7 +99,8 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 		}
 		InjectTrace(ctx, m)
 	}
-	b := backoff.WithContext(backoff.WithMaxRetries(p.retry.BackOff(), uint64(p.retry.MaxAttempts-1)), ctx)
+	wait := &atLeast{BackOff: p.retry.BackOff()}
+	b := backoff.WithContext(backoff.WithMaxRetries(wait, uint64(p.retry.MaxAttempts-1)), ctx)
 	attempt := 0
 	var last error // the broker's: backoff returns only ctx's when ctx ends in a wait
 	err := backoff.Retry(func() error {
@@ -108,6 +113,12 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 		case ctx.Err() != nil, errors.Is(err, adapters.ErrClosed), ackwise.ClassOf(err) == ackwise.ClassPermanent:
 			return backoff.Permanent(err)
 		}
+		if d, ok := ackwise.RetryAfterOf(err); ok {
+			if d > p.retry.MaxInterval {
+				return backoff.Permanent(err) // not worth blocking the caller
+			}
+			wait.min = d
+		}
 		return err
 	}, b)
 	if err != nil && last != nil && !errors.Is(err, last) {
@@ -117,4 +128,20 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 		return fmt.Errorf("producer: publish failed after %d attempt(s): %w", attempt, err)
 	}
 	return nil
+}
+
+// atLeast is a BackOff whose next wait is at least min, the delay the last
+// failure asked for (ackwise.RetryAfter); min holds for one wait.
+type atLeast struct {
+	backoff.BackOff
+	min time.Duration
+}
+
+func (a *atLeast) NextBackOff() time.Duration {
+	d := a.BackOff.NextBackOff()
+	if d != backoff.Stop && d < a.min {
+		d = a.min
+	}
+	a.min = 0
+	return d
 }
