@@ -106,7 +106,8 @@
 // back with basic.return and fails the call with ErrUnroutable (it is never
 // dropped quietly); a basic.nack fails it with ErrNacked. Returns are matched
 // to messages by message-id, exchange and routing key; the sink's
-// message-id is the event ID.
+// message-id is the event ID. The sink marks a publish the broker refused
+// by closing the channel (404, 403, 406) ackwise.Permanent.
 //
 // # Recovery
 //

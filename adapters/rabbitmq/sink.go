@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -49,6 +50,10 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 // when there is none), the current timestamp and delivery mode persistent.
 // A message no queue takes (basic.return) fails with an error wrapping
 // ErrUnroutable; one the broker refuses with an error wrapping ErrNacked.
+// A publish the broker refuses by closing the channel (a missing exchange,
+// access refused, a message over the broker's size limit) fails with an
+// error marked ackwise.Permanent, which carries the *amqp.Error; the other
+// failures are transient.
 // On error some messages may have been published.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if len(msgs) == 0 {
@@ -82,9 +87,23 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		}}
 	}
 	if err := s.p.publish(ctx, out, nil, nil); err != nil {
-		return fmt.Errorf("rabbitmq: publish %d message(s) to exchange %q: %w", len(msgs), s.exchange, err)
+		err = fmt.Errorf("rabbitmq: publish %d message(s) to exchange %q: %w", len(msgs), s.exchange, err)
+		if refusedOnChannel(err) {
+			return ackwise.Permanent(err)
+		}
+		return err
 	}
 	return nil
+}
+
+// refusedOnChannel reports whether err carries a soft (channel-level) AMQP
+// error: the broker refused what was published (a missing exchange 404,
+// access refused 403, a message over max_message_size 406). Publishing the
+// same again fails the same way, unlike a lost connection, a nack (a full
+// queue with reject-publish) or an unroutable message, which time may cure.
+func refusedOnChannel(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && ae.Recover
 }
 
 // Close waits (at most 10s) for outstanding confirms and closes the
