@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 )
@@ -53,6 +54,20 @@ func Schemes() []string {
 // adapter registered.
 var ErrUnknownScheme = errors.New("adapters: unknown URL scheme")
 
+// RedactURL returns u, quoted, for an error message or a log record, with
+// its password hidden. URL.Redacted alone is not enough: a password holding
+// an unescaped '/', '?' or '#', or a URL written without "scheme://"
+// ("guest:secret@host/q"), makes url.Parse end the user info early and put
+// the password in the path, query, fragment or opaque part, where Redacted
+// shows it. Such a URL (one with '@' in any of those parts) is not shown.
+func RedactURL(u *url.URL) string {
+	if strings.Contains(u.Opaque, "@") || strings.Contains(u.EscapedPath(), "@") ||
+		strings.Contains(u.RawQuery, "@") || strings.Contains(u.EscapedFragment(), "@") {
+		return "(not shown: it may hold a password; percent-encode special characters in the user name and password)"
+	}
+	return strconv.Quote(u.Redacted())
+}
+
 func lookup(rawURL string) (*url.URL, Opener, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -62,13 +77,13 @@ func lookup(rawURL string) (*url.URL, Opener, error) {
 		return nil, Opener{}, errors.New("adapters: malformed URL (not shown: it may hold credentials; percent-encode special characters in the user name and password)")
 	}
 	if u.Scheme == "" {
-		return nil, Opener{}, fmt.Errorf("adapters: URL %q has no scheme (want one of %s)", u.Redacted(), strings.Join(Schemes(), ", "))
+		return nil, Opener{}, fmt.Errorf("adapters: URL %s has no scheme (want one of %s)", RedactURL(u), strings.Join(Schemes(), ", "))
 	}
 	openersMu.RLock()
 	o, ok := openers[strings.ToLower(u.Scheme)]
 	openersMu.RUnlock()
 	if !ok {
-		return nil, Opener{}, fmt.Errorf("%w %q in %q (registered: %s; is the adapter package imported?)", ErrUnknownScheme, u.Scheme, u.Redacted(), strings.Join(Schemes(), ", "))
+		return nil, Opener{}, fmt.Errorf("%w %q in %s (registered: %s; is the adapter package imported?)", ErrUnknownScheme, u.Scheme, RedactURL(u), strings.Join(Schemes(), ", "))
 	}
 	return u, o, nil
 }

@@ -45,3 +45,27 @@ func TestOpenerErrors(t *testing.T) {
 		t.Fatalf("scheme lookup is case-insensitive: %v", err)
 	}
 }
+
+// A password holding '/', '?' or '#' unescaped, or a URL without "scheme://",
+// makes url.Parse put the password outside the user info, where
+// URL.Redacted does not hide it. The opener's errors must not echo it.
+func TestOpenerErrorsHideMisplacedPassword(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, raw := range []string{
+		"guest:hunter2@localhost:5672/orders", // no "amqp://": "guest" is the scheme
+		"nosuch://guest:1234/hunter2@host/q",  // '/' in the password: the rest is the path
+		"nosuch://guest:1234?hunter2@host/q",  // '?': the rest is the query
+		"nosuch://guest:1234#hunter2@host/q",  // '#': the rest is the fragment
+		"guest/x:hunter2@host",                // no scheme at all
+	} {
+		for name, open := range map[string]func() error{
+			"source": func() error { _, err := adapters.OpenSource(ctx, raw); return err },
+			"sink":   func() error { _, err := adapters.OpenSink(ctx, raw); return err },
+		} {
+			if err := open(); err == nil || strings.Contains(err.Error(), "hunter2") {
+				t.Errorf("%s %q: error leaks the password: %v", name, raw, err)
+			}
+		}
+	}
+}
