@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -80,7 +81,7 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 		return Config{}, err
 	}
 	if p.queue == "" {
-		return Config{}, fmt.Errorf("rabbitmq: URL %q names no queue: want %s://host/<queue>", u.Redacted(), u.Scheme)
+		return Config{}, fmt.Errorf("rabbitmq: URL %s names no queue: want %s://host/<queue>", adapters.RedactURL(u), u.Scheme)
 	}
 	return p.cfg, nil
 }
@@ -98,14 +99,14 @@ func SinkConfigFromURL(u *url.URL) (SinkConfig, *Config, error) {
 	sc := SinkConfig{URL: c.URL, TLS: c.TLS, Exchange: p.exchange, RoutingKey: p.routingKey, Heartbeat: c.Heartbeat, ConnectionName: c.ConnectionName}
 	if sc.RoutingKey == "" && sc.Exchange == "" {
 		if p.queue == "" {
-			return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %q names no queue and no exchange: want %s://host/<queue> or ?exchange=…&routing_key=…", u.Redacted(), u.Scheme)
+			return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %s names no queue and no exchange: want %s://host/<queue> or ?exchange=…&routing_key=…", adapters.RedactURL(u), u.Scheme)
 		}
 		sc.RoutingKey = p.queue
 	}
 	var declare *Config
 	if c.DeclareTopology {
 		if p.queue == "" {
-			return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %q: declare=true needs the queue in the path", u.Redacted())
+			return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %s: declare=true needs the queue in the path", adapters.RedactURL(u))
 		}
 		declare = &c
 	}
@@ -120,17 +121,25 @@ type parsedURL struct {
 
 func parseURL(u *url.URL) (parsedURL, error) {
 	var p parsedURL
+	if strings.Contains(u.Opaque, "@") || u.User == nil &&
+		(strings.Contains(u.EscapedPath(), "@") || strings.Contains(u.RawQuery, "@") || strings.Contains(u.EscapedFragment(), "@")) {
+		// No user info but an '@' further on: the user info most likely
+		// ended early at an unescaped '/', '?' or '#' in the password, which
+		// is now in the path, query or fragment (the host may hold its
+		// start). Do not echo any of it, nor dial it.
+		return p, errors.New("rabbitmq: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it, and a literal '@' as %40)")
+	}
 	q := u.Query()
 	for k, vs := range q {
 		if _, ok := urlParams[k]; !ok {
-			return p, fmt.Errorf("rabbitmq: URL %q: unknown parameter %q", u.Redacted(), k)
+			return p, fmt.Errorf("rabbitmq: URL %s: unknown parameter %q", adapters.RedactURL(u), k)
 		}
 		if len(vs) > 1 {
-			return p, fmt.Errorf("rabbitmq: URL %q: parameter %q given %d times", u.Redacted(), k, len(vs))
+			return p, fmt.Errorf("rabbitmq: URL %s: parameter %q given %d times", adapters.RedactURL(u), k, len(vs))
 		}
 	}
 	bad := func(k string, err error) error {
-		return fmt.Errorf("rabbitmq: URL %q: parameter %s = %q: %v", u.Redacted(), k, q.Get(k), err)
+		return fmt.Errorf("rabbitmq: URL %s: parameter %s = %q: %v", adapters.RedactURL(u), k, q.Get(k), err)
 	}
 	useTLS := false
 	switch strings.ToLower(u.Scheme) {
@@ -146,13 +155,13 @@ func parseURL(u *url.URL) (parsedURL, error) {
 			useTLS = b
 		}
 	default:
-		return p, fmt.Errorf("rabbitmq: URL %q: scheme %q: want amqp, amqps or rabbit", u.Redacted(), u.Scheme)
+		return p, fmt.Errorf("rabbitmq: URL %s: scheme %q: want amqp, amqps or rabbit", adapters.RedactURL(u), u.Scheme)
 	}
 	if q.Has("tls") && strings.ToLower(u.Scheme) != "rabbit" {
-		return p, fmt.Errorf("rabbitmq: URL %q: parameter tls is for rabbit:// URLs; use amqps:// for TLS", u.Redacted())
+		return p, fmt.Errorf("rabbitmq: URL %s: parameter tls is for rabbit:// URLs; use amqps:// for TLS", adapters.RedactURL(u))
 	}
 	if u.Host == "" {
-		return p, fmt.Errorf("rabbitmq: URL %q has no host", u.Redacted())
+		return p, fmt.Errorf("rabbitmq: URL %s has no host", adapters.RedactURL(u))
 	}
 	p.queue = strings.TrimPrefix(u.Path, "/")
 	vhost := q.Get("vhost")
@@ -221,7 +230,7 @@ func parseURL(u *url.URL) (parsedURL, error) {
 	}
 	if anyTLS {
 		if !useTLS {
-			return p, fmt.Errorf("rabbitmq: URL %q: TLS parameters need amqps:// (or rabbit:// with tls=true)", u.Redacted())
+			return p, fmt.Errorf("rabbitmq: URL %s: TLS parameters need amqps:// (or rabbit:// with tls=true)", adapters.RedactURL(u))
 		}
 		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: q.Get("tls_server_name")}
 		if v := q.Get("tls_insecure_skip_verify"); v != "" {
@@ -244,7 +253,7 @@ func parseURL(u *url.URL) (parsedURL, error) {
 		}
 		cert, key := q.Get("tls_cert"), q.Get("tls_key")
 		if (cert == "") != (key == "") {
-			return p, fmt.Errorf("rabbitmq: URL %q: tls_cert and tls_key go together", u.Redacted())
+			return p, fmt.Errorf("rabbitmq: URL %s: tls_cert and tls_key go together", adapters.RedactURL(u))
 		}
 		if cert != "" {
 			pair, err := tls.LoadX509KeyPair(cert, key)
