@@ -66,34 +66,36 @@ func init() {
 func ParseURL(u *url.URL) (Config, error) {
 	var cfg Config
 	if u.Scheme != "kafka" {
-		return cfg, fmt.Errorf("kafka: URL %q: scheme must be kafka", u.Redacted())
+		return cfg, fmt.Errorf("kafka: URL %s: scheme must be kafka", adapters.RedactURL(u))
 	}
 	if u.Host == "" {
-		return cfg, fmt.Errorf("kafka: URL %q: no brokers (want kafka://host:9092/topic)", u.Redacted())
+		return cfg, fmt.Errorf("kafka: URL %s: no brokers (want kafka://host:9092/topic)", adapters.RedactURL(u))
 	}
-	if strings.Contains(u.Path, "@") {
-		// A topic cannot hold '@': the user info most likely ended early
-		// at an unescaped '/' in the password, which would then be in the
-		// path. Do not echo it.
-		return cfg, errors.New("kafka: URL path holds '@' (not shown: it may hold a password with an unescaped '/'; percent-encode it)")
+	if strings.Contains(u.Opaque, "@") || strings.Contains(u.Path, "@") ||
+		u.User == nil && (strings.Contains(u.RawQuery, "@") || strings.Contains(u.Fragment, "@")) {
+		// A topic cannot hold '@', and a URL without user info but an '@'
+		// in its query or fragment most likely had its user info end
+		// early at an unescaped '/', '?' or '#' in the password, which
+		// would then be in the path, query or fragment. Do not echo it.
+		return cfg, errors.New("kafka: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it)")
 	}
 	cfg.Brokers = strings.Split(u.Host, ",")
 	cfg.Topic = strings.TrimPrefix(u.Path, "/")
 	if cfg.Topic == "" {
-		return cfg, fmt.Errorf("kafka: URL %q: no topic in the path", u.Redacted())
+		return cfg, fmt.Errorf("kafka: URL %s: no topic in the path", adapters.RedactURL(u))
 	}
 	// Not u.Query(): it drops the pairs it cannot parse (a ';' separator, a
 	// bad %-escape), which would leave a parameter silently unset.
 	q, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return cfg, fmt.Errorf("kafka: URL %q: malformed query: %v", u.Redacted(), err)
+		return cfg, fmt.Errorf("kafka: URL %s: malformed query: %v", adapters.RedactURL(u), err)
 	}
 	for k, v := range q {
 		if !urlParams[k] {
-			return cfg, fmt.Errorf("kafka: URL %q: unknown parameter %q", u.Redacted(), k)
+			return cfg, fmt.Errorf("kafka: URL %s: unknown parameter %q", adapters.RedactURL(u), k)
 		}
 		if len(v) > 1 {
-			return cfg, fmt.Errorf("kafka: URL %q: parameter %q given %d times", u.Redacted(), k, len(v))
+			return cfg, fmt.Errorf("kafka: URL %s: parameter %q given %d times", adapters.RedactURL(u), k, len(v))
 		}
 	}
 	cfg.Group = q.Get("group")
@@ -163,7 +165,7 @@ func ParseURL(u *url.URL) (Config, error) {
 			return cfg, fmt.Errorf("kafka: URL parameter sasl = %q: want plain, scram-sha-256 or scram-sha-512", mech)
 		}
 	} else if _, has := u.User.Password(); has {
-		return cfg, fmt.Errorf("kafka: URL %q has a password but no sasl parameter (plain, scram-sha-256 or scram-sha-512)", u.Redacted())
+		return cfg, fmt.Errorf("kafka: URL %s has a password but no sasl parameter (plain, scram-sha-256 or scram-sha-512)", adapters.RedactURL(u))
 	}
 	return cfg, nil
 }

@@ -174,13 +174,19 @@ func (c *command) parse(args []string, want ...string) ([]string, error) {
 	return pos, nil
 }
 
-// redact returns rawURL with any password replaced, for messages.
+// redact returns rawURL with any password replaced, for messages
+// (adapters.RedactURL, unquoted: it also hides a password misplaced by an
+// unescaped '/', '?' or '#').
 func redact(rawURL string) string {
 	u, err := url.Parse(rawURL)
 	if err != nil {
 		return "<malformed URL>"
 	}
-	return u.Redacted()
+	r := adapters.RedactURL(u)
+	if s, err := strconv.Unquote(r); err == nil {
+		return s
+	}
+	return r
 }
 
 func openSource(ctx context.Context, rawURL string) (adapters.Source, error) {
