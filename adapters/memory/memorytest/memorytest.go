@@ -355,11 +355,21 @@ func WaitForAcked(t testing.TB, b *memory.Broker, dest, id string) memory.Event 
 }
 
 // WaitForAckCount waits until n acks were recorded on dest (acks of
-// duplicates and redeliveries count).
+// duplicates and redeliveries count). When dest is deleted and created
+// again it counts the acks of the new destination.
 func WaitForAckCount(t testing.TB, b *memory.Broker, dest string, n int) {
 	t.Helper()
+	WaitFor(t, b, dest, fmt.Sprintf("%d acks", n), ackCounter(n))
+}
+
+// ackCounter returns WaitForAckCount's condition: it is called with the
+// growing history of dest and counts only the events it has not seen yet.
+func ackCounter(n int) func([]memory.Event) bool {
 	seen, from := 0, 0
-	WaitFor(t, b, dest, fmt.Sprintf("%d acks", n), func(evs []memory.Event) bool {
+	return func(evs []memory.Event) bool {
+		if from > len(evs) {
+			seen, from = 0, 0 // dest was deleted and created again: a new history
+		}
 		for _, e := range evs[from:] {
 			if e.Kind == memory.EventAcked {
 				seen++
@@ -367,7 +377,7 @@ func WaitForAckCount(t testing.TB, b *memory.Broker, dest string, n int) {
 		}
 		from = len(evs)
 		return seen >= n
-	})
+	}
 }
 
 // WaitForDelivered waits until the message id is delivered on dest as

@@ -36,3 +36,22 @@ func TestWaitEventFollowsRecreatedDestination(t *testing.T) {
 		t.Fatalf("got %v", e)
 	}
 }
+
+// WaitForAckCount follows a recreated destination too: after a history of
+// ten events it is shown the new, shorter one and counts its acks instead
+// of slicing past its end (a panic under the broker's lock).
+func TestAckCounterFollowsRecreatedDestination(t *testing.T) {
+	t.Parallel()
+	old := make([]memory.Event, 10)
+	for i := range old {
+		old[i] = memory.Event{Kind: memory.EventPublished}
+	}
+	done := ackCounter(1)
+	if done(old) {
+		t.Fatal("done without an ack")
+	}
+	recreated := []memory.Event{{Kind: memory.EventPublished}, {Kind: memory.EventDelivered}, {Kind: memory.EventAcked}}
+	if !done(recreated) {
+		t.Fatal("the new history's ack was not counted")
+	}
+}
