@@ -48,6 +48,7 @@ func Run(t *testing.T, h Harness) {
 		{"DrainOnShutdown", testDrain},
 		{"InFlightBounded", testInFlightBounded},
 		{"BatchAckSettles", testBatchAck},
+		{"LeaseExtendedOrExpired", testLease},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -661,5 +662,102 @@ func testBatchAck(t *testing.T, h Harness) {
 	publish(t, f, in[3:])
 	if next := receiveOne(t, f.NewSource(t)); next.ID != in[3].ID {
 		t.Fatalf("after the restart received %s, want %s (acked messages came back)", next.ID, in[3].ID)
+	}
+}
+
+// testLease checks leases where the source has them: a delivery whose lease
+// is extended stays with its consumer past the original lease, and one whose
+// lease runs out goes to another consumer, after which the first
+// consumer's receipt no longer settles it (ErrReceiptInvalid, Valid false).
+func testLease(t *testing.T, h Harness) {
+	const lease = 2 * time.Second
+	f := h.Open(t, FixtureConfig{Lease: lease})
+	a := f.NewSource(t)
+	caps := a.Capabilities()
+	if caps.Lease == 0 {
+		t.Log("deliveries have no lease (Capabilities.Lease 0): a delivery stays with its consumer until settled or the consumer goes; checked by CrashBeforeAckRedelivers")
+		return
+	}
+	if caps.Lease > lease {
+		t.Fatalf("Capabilities.Lease %v: the harness did not give the %v the case asked for", caps.Lease, lease)
+	}
+	in := batch(2, 2) // in[0]: its lease is extended; in[1]: left to run out
+	publish(t, f, in)
+	got := map[string]*ackwise.Message{}
+	for len(got) < 2 {
+		m := receiveOne(t, a)
+		got[m.ID] = m
+	}
+	kept, lapsed := got[in[0].ID], got[in[1].ID]
+	if kept == nil || lapsed == nil {
+		t.Fatalf("received %v, want %s and %s", got, in[0].ID, in[1].ID)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	stop := make(chan struct{})
+	extended := make(chan error, 1)
+	if caps.ExtendLease {
+		go func() {
+			tick := time.NewTicker(caps.Lease / 4)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					extended <- nil
+					return
+				case <-tick.C:
+					if err := a.ExtendLease(ctx, kept, caps.Lease); err != nil {
+						extended <- fmt.Errorf("ExtendLease: %w", err)
+						return
+					}
+				}
+			}
+		}()
+	} else {
+		t.Log("the source cannot extend a lease (Capabilities.ExtendLease false): only expiry is checked")
+	}
+
+	// Another consumer gets the lapsed delivery once its lease ran out,
+	// and not the one whose lease is being extended.
+	b := f.NewSource(t)
+	start := time.Now()
+	again := receiveOne(t, b)
+	if again.ID != lapsed.ID {
+		t.Fatalf("the second consumer received %s, want %s (its lease ran out; %s's was extended)", again.ID, lapsed.ID, kept.ID)
+	}
+	if caps.ExtendLease {
+		close(stop)
+		if err := <-extended; err != nil {
+			t.Fatal(err)
+		}
+		if !a.Valid(kept) {
+			t.Fatalf("Valid(%s) false after its lease was extended", kept.ID)
+		}
+		if err := a.Ack(ctx, kept); err != nil {
+			t.Fatalf("Ack of the delivery whose lease was extended: %v", err)
+		}
+	}
+	// The first consumer may learn of the expiry a little after the broker
+	// acted on it (its clock for the lease starts when the delivery
+	// arrived), but not much later.
+	for deadline := time.Now().Add(time.Second); a.Valid(lapsed); {
+		if time.Now().After(deadline) {
+			t.Fatalf("Valid(%s) still true a second after its lease ran out and it was delivered again", lapsed.ID)
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition that has no signal
+	}
+	if err := a.Ack(ctx, lapsed); !errors.Is(err, adapters.ErrReceiptInvalid) {
+		t.Fatalf("Ack with the receipt whose lease ran out: %v, want ErrReceiptInvalid", err)
+	}
+	if err := b.Ack(ctx, again); err != nil {
+		t.Fatalf("Ack of the redelivery: %v", err)
+	}
+	// Both are settled: neither comes back within a lease and a half.
+	wait, cancelWait := context.WithTimeout(ctx, caps.Lease*3/2)
+	defer cancelWait()
+	buf := make([]*ackwise.Message, 1)
+	if n, _ := b.Receive(wait, buf); n > 0 {
+		t.Fatalf("received %s (attempt %d) after both were acked; waited %v since the redelivery began", buf[0].ID, buf[0].Attempt, time.Since(start))
 	}
 }

@@ -47,6 +47,13 @@ const DefaultShareLease = 30 * time.Second
 // lease until it hands them out; from then on the engine's heartbeat renews
 // them. The source sends the acks queued meanwhile at the same pace.
 //
+// The broker applies the acknowledgements of one partition in one request
+// all or nothing: a single status it refuses (a record whose lock ran out)
+// fails the others, whose records it then delivers again. So the source
+// never sends a status for a record whose lock it knows ran out together
+// with others: it sends the release of such a record on its own, and does
+// not renew it.
+//
 // Receive must be called from one goroutine at a time; the settle methods
 // may be called concurrently.
 type ShareSource struct {
@@ -60,6 +67,12 @@ type ShareSource struct {
 	renewed     bool          // the locks of pending were renewed since the poll
 	outstanding int           // this poll's records not yet settled
 	drained     chan struct{} // closed when outstanding reaches 0
+
+	// ackMu keeps a status the broker will refuse out of the requests of
+	// the others: statuses of live records are queued under its read lock,
+	// the release of a record whose lock ran out under its write lock (see
+	// releaseAlone).
+	ackMu sync.RWMutex
 
 	closed   atomic.Bool
 	stopCtx  context.Context // cancelled by Close: ends renewPending
@@ -169,6 +182,7 @@ func (s *ShareSource) renewPending() {
 			return
 		case <-t.C:
 		}
+		s.ackMu.RLock()
 		s.mu.Lock()
 		for _, r := range s.pending {
 			r.Ack(kgo.AckRenew)
@@ -177,6 +191,7 @@ func (s *ShareSource) renewPending() {
 			s.renewed = true
 		}
 		s.mu.Unlock()
+		s.ackMu.RUnlock()
 		ctx, cancel := context.WithTimeout(s.stopCtx, every)
 		if err := s.cl.FlushAcks(ctx); err != nil && s.stopCtx.Err() == nil {
 			s.log.Warn("kafka: share acks not sent", "group", s.cfg.Group, "err", err)
@@ -376,16 +391,36 @@ func (s *ShareSource) settle(msg *ackwise.Message, status kgo.AckStatus) error {
 		return fmt.Errorf("kafka: %s: already settled", msg.BrokerID)
 	}
 	if rc.expired(time.Now()) {
-		// Never leave it without a status: franz-go's next poll would
-		// accept it. A release of a lock that ran out is refused by the
-		// broker, which redelivers the record either way.
-		rc.r.Ack(kgo.AckRelease)
+		s.releaseAlone(rc.r)
 		s.done()
 		return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
 	}
+	s.ackMu.RLock()
 	rc.r.Ack(status)
+	s.ackMu.RUnlock()
 	s.done()
 	return nil
+}
+
+// releaseAlone releases r, whose lock ran out, in a request of its own.
+// It must have a status: franz-go's next poll would accept it otherwise.
+// The broker refuses the release (it redelivers the record either way),
+// and would refuse every other status of the partition sent with it, so
+// the statuses queued before go first, then the release alone; no other
+// status is queued meanwhile.
+func (s *ShareSource) releaseAlone(r *kgo.Record) {
+	s.ackMu.Lock()
+	defer s.ackMu.Unlock()
+	flush := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), max(s.lease/3, time.Second))
+		defer cancel()
+		if err := s.cl.FlushAcks(ctx); err != nil && !s.closed.Load() {
+			s.log.Warn("kafka: share acks not sent", "group", s.cfg.Group, "err", err)
+		}
+	}
+	flush()
+	r.Ack(kgo.AckRelease)
+	flush()
 }
 
 func (s *ShareSource) done() {
@@ -451,10 +486,17 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 	if err != nil {
 		return err
 	}
-	if !rc.settled.Load() {
-		rc.r.Ack(kgo.AckRenew)
-		rc.renewed.Store(true)
+	if rc.settled.Load() {
+		return nil
 	}
+	if rc.expired(time.Now()) {
+		// A renewal the broker refuses would fail the statuses sent with it.
+		return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
+	}
+	s.ackMu.RLock()
+	rc.r.Ack(kgo.AckRenew)
+	rc.renewed.Store(true)
+	s.ackMu.RUnlock()
 	return nil
 }
 

@@ -211,27 +211,9 @@ func TestShareLeaseFromBrokerAndGroupConfig(t *testing.T) {
 	// A group-level override wins.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
 	cfg2 := cfg
 	cfg2.Group = uniq("share-g")
-	req := kmsg.NewPtrIncrementalAlterConfigsRequest()
-	res := kmsg.NewIncrementalAlterConfigsRequestResource()
-	res.ResourceType = kmsg.ConfigResourceTypeGroupConfig
-	res.ResourceName = cfg2.Group
-	rc := kmsg.NewIncrementalAlterConfigsRequestResourceConfig()
-	rc.Name = "share.record.lock.duration.ms"
-	v := "9000"
-	rc.Value = &v
-	res.Configs = append(res.Configs, rc)
-	req.Resources = append(req.Resources, res)
-	resp, err := req.RequestWith(ctx, cl)
-	if err != nil || len(resp.Resources) != 1 || resp.Resources[0].ErrorCode != 0 {
-		t.Fatalf("alter group config: %v %+v", err, resp)
-	}
+	SetShareLockForTest(ctx, t, brokers, cfg2.Group, 9*time.Second)
 	if got := openShare(t, cfg2).Capabilities().Lease; got != 9*time.Second {
 		t.Fatalf("lease %v with the group's lock at 9s", got)
 	}
