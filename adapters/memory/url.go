@@ -30,9 +30,11 @@ func init() {
 // QueueConfig.FIFO). Log parameters: partitions (TopicConfig.Partitions),
 // retention (TopicConfig.Retention), dlq (TopicConfig.DeadLetter), group (the
 // consumer group). Any of partitions, retention or group makes the URL a log.
-// A URL with configuration parameters creates the destination with them, or
-// checks that the existing one has them (ErrConflict otherwise); a URL with
-// none uses the destination as it is, creating it with the broker's defaults.
+// A URL with configuration parameters creates the destination with them (and
+// defaults for the others), or checks that the existing one has them
+// (ErrConflict otherwise; the parameters left out are not checked); a URL
+// with none uses the destination as it is, creating it with the broker's
+// defaults.
 // An unknown parameter, a repeated one or a bad value is an error naming the
 // parameter and the value.
 const (
@@ -61,6 +63,48 @@ type target struct {
 	queue  *QueueConfig // nil: no configuration parameters
 	topic  *TopicConfig
 	broker *Broker
+	given  url.Values // the parameters the URL sets
+}
+
+// keepUnset makes the configuration of an existing destination what the
+// URL checks against it, overridden only by the parameters the URL gives:
+// a parameter left out means "whatever it is", not the default.
+func (tg *target) keepUnset() {
+	switch d := tg.broker.lookup(tg.name).(type) {
+	case *topic:
+		if tg.topic == nil {
+			return
+		}
+		c := d.cfg
+		if tg.given.Has(ParamPartitions) {
+			c.Partitions = tg.topic.Partitions
+		}
+		if tg.given.Has(ParamRetention) {
+			c.Retention = tg.topic.Retention
+		}
+		if tg.given.Has(ParamDLQ) {
+			c.DeadLetter = tg.topic.DeadLetter
+		}
+		*tg.topic = c
+	case *queue:
+		if tg.queue == nil {
+			return
+		}
+		c := d.cfg
+		if tg.given.Has(ParamLease) {
+			c.Lease = tg.queue.Lease
+		}
+		if tg.given.Has(ParamMaxReceives) {
+			c.MaxReceives = tg.queue.MaxReceives
+		}
+		if tg.given.Has(ParamDLQ) {
+			c.DeadLetter = tg.queue.DeadLetter
+		}
+		if tg.given.Has(ParamFIFO) {
+			c.FIFO = tg.queue.FIFO
+		}
+		*tg.queue = c
+	}
 }
 
 func parseURL(u *url.URL) (target, error) {
@@ -138,6 +182,7 @@ func parseURL(u *url.URL) (target, error) {
 	if _, ok := vals[ParamDLQ]; ok {
 		qset, tset = true, true
 	}
+	tg.given = vals
 	if tg.log {
 		for _, k := range []string{ParamLease, ParamMaxReceives, ParamFIFO} {
 			if v, ok := vals[k]; ok {
@@ -158,6 +203,7 @@ func openSource(ctx context.Context, u *url.URL) (adapters.Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	tg.keepUnset()
 	if tg.log {
 		if tg.group == "" {
 			return nil, fmt.Errorf("memory: URL parameter %s = \"\": a log source needs a consumer group (%s?%s=NAME)", ParamGroup, u.Redacted(), ParamGroup)
@@ -178,6 +224,7 @@ func openSink(ctx context.Context, u *url.URL) (adapters.Sink, error) {
 	if err != nil {
 		return nil, err
 	}
+	tg.keepUnset()
 	switch {
 	case tg.log:
 		if _, err := tg.broker.topic(tg.name, tg.topic); err != nil {

@@ -154,3 +154,42 @@ func TestSetDefault(t *testing.T) {
 		t.Fatal("SetDefault(nil) did not go back to a fresh broker")
 	}
 }
+
+// A URL naming some parameters of an existing destination is checked on
+// those only: the ones it leaves out are the destination's, not defaults.
+func TestURLChecksOnlyTheParametersGiven(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := memory.Default()
+	topic, queue := memorytest.UniqueName(t)+"-t", memorytest.UniqueName(t)+"-q"
+	if err := b.CreateTopic(topic, memory.TopicConfig{Partitions: 4, Retention: 1000, DeadLetter: topic + ".dlq"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.CreateQueue(queue, memory.QueueConfig{Lease: 5 * time.Second, MaxReceives: 3, DeadLetter: queue + ".dead"}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Delete(topic); b.Delete(queue) })
+	for _, ok := range []string{
+		"mem://" + topic + "?group=g&dlq=" + topic + ".dlq",
+		"mem://" + topic + "?group=g&partitions=4",
+		"mem://" + queue + "?dlq=" + queue + ".dead",
+		"mem://" + queue + "?lease=5s",
+	} {
+		src, err := adapters.OpenSource(ctx, ok)
+		if err != nil {
+			t.Errorf("%s: %v", ok, err)
+			continue
+		}
+		src.Close()
+	}
+	for _, conflict := range []string{
+		"mem://" + topic + "?group=g&dlq=other",
+		"mem://" + topic + "?group=g&partitions=2",
+		"mem://" + queue + "?dlq=other",
+		"mem://" + queue + "?max_receives=4",
+	} {
+		if _, err := adapters.OpenSource(ctx, conflict); !errors.Is(err, memory.ErrConflict) {
+			t.Errorf("%s: %v, want ErrConflict", conflict, err)
+		}
+	}
+}
