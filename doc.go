@@ -6,9 +6,9 @@
 //
 // ackwise turns a broker's at-least-once delivery into exactly-once effects:
 // a message is acknowledged only after its handler returned nil, failures are
-// classified and retried with backoff through the broker's own delay
-// mechanism, and messages that cannot succeed go to a dead-letter destination
-// with the context needed to fix and redrive them.
+// classified and retried with backoff, in place or through the broker's own
+// delay mechanism, and messages that cannot succeed go to a dead-letter
+// destination with the context needed to fix and redrive them.
 //
 // The engine lives in package consumer, broker adapters under adapters/, and
 // the in-memory broker used for tests in adapters/memory.

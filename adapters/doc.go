@@ -4,7 +4,8 @@
 // [Capabilities] says explicitly what a broker can do so the engine never
 // discovers features by type assertion.
 //
-// The contract is shaped by the four brokers ackwise supports:
+// The contract is shaped by the four brokers ackwise is built for (the SQS
+// and Pub/Sub adapters are planned, not written yet):
 //
 //   - Kafka acks by committing offsets per partition (Capabilities.Log) and
 //     delays by producing to retry topics;

@@ -3,8 +3,8 @@
 // redrive it once the cause is fixed.
 //
 // The envelope is encoded as headers added next to the message's own; the
-// payload is never touched and the original headers are kept (invariant 4 in
-// DESIGN.md). docs/headers.md lists every header.
+// payload is never touched and the original headers are kept (invariant 4).
+// docs/headers.md lists every header.
 //
 // [Inspect] reads dead letters without consuming them; [Redrive] moves them
 // back to a work queue or topic with a rate cap, publishing each one (with

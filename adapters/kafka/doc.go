@@ -45,8 +45,9 @@
 // revocation the source first waits up to [Config.RevokeTimeout] for
 // handlers already running on the partition to settle, so that their work is
 // committed rather than repeated by the next owner. franz-go heartbeats in
-// the background and the source never blocks rebalances on polls, so a slow
-// handler never gets the member evicted.
+// the background, and a rebalance waits only while a poll's records are
+// filed under their partitions (BlockRebalanceOnPoll) and, on revocation,
+// for at most RevokeTimeout, so a slow handler never gets the member evicted.
 //
 // # Retries: blocking or retry topics
 //

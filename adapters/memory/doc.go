@@ -49,7 +49,7 @@
 // # Cost
 //
 // Publish copies each payload into a shared arena and the headers into one
-// map (the only per-message allocation; a Go map is two). A message's first
+// slice (the only per-message allocation). A message's first
 // delivery is embedded in the stored message itself, so Receive hands it out
 // without a copy or an allocation; redeliveries (and deliveries to a second
 // consumer group) copy the stored fields into deliveries carved from slabs.
