@@ -43,16 +43,18 @@ const DefaultShareLease = 30 * time.Second
 // the record at its delivery limit), the client fetches only when Receive
 // polls, about Config.PollBatch records (DefaultSharePollBatch when 0; the
 // broker may return a little more rather than split a batch), and the
-// source renews the locks of the records it holds back every third of the
+// source renews the locks of the records it holds back every sixth of the
 // lease until it hands them out; from then on the engine's heartbeat renews
-// them. The source sends the acks queued meanwhile at the same pace.
+// them. The source sends the acks queued meanwhile at the same pace, and a
+// renewal at once.
 //
 // The broker applies the acknowledgements of one partition in one request
 // all or nothing: a single status it refuses (a record whose lock ran out)
-// fails the others, whose records it then delivers again. So the source
-// never sends a status for a record whose lock it knows ran out together
-// with others: it sends the release of such a record on its own, and does
-// not renew it.
+// fails the others, whose records it then delivers again. A status is sent
+// some time after it is queued, so the source never queues a status for a
+// record whose lock it knows ends within half the lease together with
+// others: it sends it on its own, a release instead once the lock ran out,
+// and no renewal then.
 //
 // Receive must be called from one goroutine at a time; the settle methods
 // may be called concurrently.
@@ -68,11 +70,14 @@ type ShareSource struct {
 	outstanding int           // this poll's records not yet settled
 	drained     chan struct{} // closed when outstanding reaches 0
 
-	// ackMu keeps a status the broker will refuse out of the requests of
+	// ackMu keeps a status the broker may refuse out of the requests of
 	// the others: statuses of live records are queued under its read lock,
-	// the release of a record whose lock ran out under its write lock (see
-	// releaseAlone).
+	// the status of a record whose lock runs out soon or ran out under its
+	// write lock (see sendAlone).
 	ackMu sync.RWMutex
+	// flushNow asks renewPending to send the queued statuses now: a
+	// renewal by ExtendLease must not wait for the next tick.
+	flushNow chan struct{}
 
 	closed   atomic.Bool
 	stopCtx  context.Context // cancelled by Close: ends renewPending
@@ -100,12 +105,25 @@ type shareReceipt struct {
 // that deadline when the fetch response arrives, so it is never earlier
 // than the broker's.
 func (rc *shareReceipt) expired(now time.Time) bool {
+	return rc.expiresWithin(now, 0)
+}
+
+// expiresWithin reports whether rc's lock, never renewed, ends within d of
+// now.
+func (rc *shareReceipt) expiresWithin(now time.Time, d time.Duration) bool {
 	if rc.renewed.Load() {
 		return false
 	}
-	d := rc.r.AcquisitionDeadline()
-	return !d.IsZero() && now.After(d)
+	dl := rc.r.AcquisitionDeadline()
+	return !dl.IsZero() && !now.Add(d).Before(dl)
 }
+
+// nearExpiry is how close to the end of its lock a record's status is sent
+// on its own: a status is sent well after it is queued (with renewPending's
+// flush, a sixth of the lease later, or franz-go's own 1s timer), so one
+// queued near the end of the lock may reach the broker after it, and the
+// broker would refuse the other statuses of the partition sent with it.
+func (s *ShareSource) nearExpiry() time.Duration { return s.lease / 2 }
 
 var _ adapters.Source = (*ShareSource)(nil)
 
@@ -159,7 +177,7 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 			"group", cfg.Group, "assumed", DefaultShareLease, "err", err)
 		lease = DefaultShareLease
 	}
-	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease}
+	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease, flushNow: make(chan struct{}, 1)}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	s.renewing.Add(1)
 	go s.renewPending()
@@ -167,13 +185,15 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 }
 
 // renewPending renews the locks of the records polled but not handed out
-// yet, every third of the lease, until Close, and sends the acks queued
-// meanwhile, renewals by ExtendLease included: with no fetch in flight
-// between polls, franz-go would hold them until the next poll, after the
-// locks they renew ran out.
+// yet, every sixth of the lease, until Close, and sends the acks queued
+// meanwhile, and at once the renewals ExtendLease queued: with no fetch in
+// flight between polls, franz-go would hold them until the next poll, after
+// the locks they renew ran out. A sixth: a record handed out just before a
+// tick has five sixths of the lease left, and the engine's first heartbeat
+// comes within two thirds of the lease.
 func (s *ShareSource) renewPending() {
 	defer s.renewing.Done()
-	every := max(s.lease/3, time.Millisecond)
+	every := max(s.lease/6, time.Millisecond)
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -181,6 +201,7 @@ func (s *ShareSource) renewPending() {
 		case <-s.stopCtx.Done():
 			return
 		case <-t.C:
+		case <-s.flushNow:
 		}
 		s.ackMu.RLock()
 		s.mu.Lock()
@@ -390,10 +411,13 @@ func (s *ShareSource) settle(msg *ackwise.Message, status kgo.AckStatus) error {
 	if !rc.settled.CompareAndSwap(false, true) {
 		return fmt.Errorf("kafka: %s: already settled", msg.BrokerID)
 	}
-	if rc.expired(time.Now()) {
-		s.releaseAlone(rc.r)
+	if rc.expiresWithin(time.Now(), s.nearExpiry()) {
+		ok := s.sendAlone(rc, status)
 		s.done()
-		return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
+		if !ok {
+			return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
+		}
+		return nil
 	}
 	s.ackMu.RLock()
 	rc.r.Ack(status)
@@ -402,13 +426,14 @@ func (s *ShareSource) settle(msg *ackwise.Message, status kgo.AckStatus) error {
 	return nil
 }
 
-// releaseAlone releases r, whose lock ran out, in a request of its own.
-// It must have a status: franz-go's next poll would accept it otherwise.
-// The broker refuses the release (it redelivers the record either way),
-// and would refuse every other status of the partition sent with it, so
-// the statuses queued before go first, then the release alone; no other
-// status is queued meanwhile.
-func (s *ShareSource) releaseAlone(r *kgo.Record) {
+// sendAlone sends status for rc, whose lock ends soon or ran out, in a
+// request of its own: the statuses queued before go first, then rc's, and
+// no other status is queued meanwhile. If rc's lock ran out by then, it
+// sends a release instead of status (the record must have a status:
+// franz-go's next poll would accept it otherwise; the broker refuses the
+// release and redelivers the record either way), or nothing for a renewal,
+// and reports false.
+func (s *ShareSource) sendAlone(rc *shareReceipt, status kgo.AckStatus) bool {
 	s.ackMu.Lock()
 	defer s.ackMu.Unlock()
 	flush := func() {
@@ -419,8 +444,20 @@ func (s *ShareSource) releaseAlone(r *kgo.Record) {
 		}
 	}
 	flush()
-	r.Ack(kgo.AckRelease)
+	ok := !rc.expired(time.Now())
+	switch {
+	case ok:
+	case status == kgo.AckRenew:
+		return false
+	default:
+		status = kgo.AckRelease
+	}
+	rc.r.Ack(status)
+	if status == kgo.AckRenew {
+		rc.renewed.Store(true)
+	}
 	flush()
+	return ok
 }
 
 func (s *ShareSource) done() {
@@ -489,14 +526,22 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 	if rc.settled.Load() {
 		return nil
 	}
-	if rc.expired(time.Now()) {
-		// A renewal the broker refuses would fail the statuses sent with it.
-		return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
+	if rc.expiresWithin(time.Now(), s.nearExpiry()) {
+		// A renewal the broker refuses would fail the statuses sent with
+		// it: near the end of the lock it goes alone, and not at all after.
+		if !s.sendAlone(rc, kgo.AckRenew) {
+			return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
+		}
+		return nil
 	}
 	s.ackMu.RLock()
 	rc.r.Ack(kgo.AckRenew)
 	rc.renewed.Store(true)
 	s.ackMu.RUnlock()
+	select {
+	case s.flushNow <- struct{}{}:
+	default: // a flush is asked for already
+	}
 	return nil
 }
 
