@@ -119,8 +119,11 @@
 // the share source does not poll again before every record of the previous
 // poll is settled, and it gives every settled record an explicit status (a
 // record whose lock ran out is released, never left to be accepted).
-// ExtendLease renews the lock (AckRenew); a renewed record stays valid past
-// the lock deadline franz-go reported at fetch time. The lock's length (the
+// ExtendLease renews the lock (AckRenew), sent at once; a renewed record
+// stays valid for a lease from the renewal, past the lock deadline franz-go
+// reported at fetch time. A settle or renewal within half the lease of the
+// lock's end is sent in a request of its own, because the broker refuses a
+// partition's acknowledgements in a request all or nothing. The lock's length (the
 // source's Capabilities.Lease, which the engine renews at a third of) is read
 // when the source opens: the group's share.record.lock.duration.ms, else the
 // broker's group.share.record.lock.duration.ms, else 30s.

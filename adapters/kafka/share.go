@@ -66,7 +66,7 @@ type ShareSource struct {
 
 	mu          sync.Mutex
 	pending     []*kgo.Record // this poll's records not yet delivered
-	renewed     bool          // the locks of pending were renewed since the poll
+	renewedAt   time.Time     // when the locks of pending were last renewed (zero: not since the poll)
 	outstanding int           // this poll's records not yet settled
 	drained     chan struct{} // closed when outstanding reaches 0
 
@@ -93,28 +93,36 @@ const DefaultSharePollBatch = 64
 
 type shareReceipt struct {
 	r       *kgo.Record
+	lease   time.Duration
 	settled atomic.Bool
-	// renewed is set once ExtendLease renewed the lock: the fetch-time
-	// AcquisitionDeadline no longer says when the lock ends (franz-go does
-	// not move it), so only the broker can judge the lock from then on.
-	renewed atomic.Bool
+	// renewedAt is when the lock was last renewed (Unix nanoseconds; 0:
+	// never), by ExtendLease or while the record waited in the source.
+	// franz-go does not move the fetch-time AcquisitionDeadline; the
+	// broker's new deadline is a lease after it takes the renewal, which
+	// the source sends at once.
+	renewedAt atomic.Int64
 }
 
-// expired reports whether rc's acquisition lock surely ran out: its
-// fetch-time deadline passed and it was never renewed. franz-go computes
-// that deadline when the fetch response arrives, so it is never earlier
-// than the broker's.
+// deadline is when rc's lock ends as far as the source knows: a lease
+// after its last renewal, else the fetch-time deadline (franz-go computes
+// it when the fetch response arrives, so it is never earlier than the
+// broker's). A renewal's is earlier than the broker's by the time the
+// renewal takes to reach it, milliseconds. Zero when unknown.
+func (rc *shareReceipt) deadline() time.Time {
+	if at := rc.renewedAt.Load(); at != 0 {
+		return time.Unix(0, at).Add(rc.lease)
+	}
+	return rc.r.AcquisitionDeadline()
+}
+
+// expired reports whether rc's lock ran out.
 func (rc *shareReceipt) expired(now time.Time) bool {
 	return rc.expiresWithin(now, 0)
 }
 
-// expiresWithin reports whether rc's lock, never renewed, ends within d of
-// now.
+// expiresWithin reports whether rc's lock ends within d of now.
 func (rc *shareReceipt) expiresWithin(now time.Time, d time.Duration) bool {
-	if rc.renewed.Load() {
-		return false
-	}
-	dl := rc.r.AcquisitionDeadline()
+	dl := rc.deadline()
 	return !dl.IsZero() && !now.Add(d).Before(dl)
 }
 
@@ -209,7 +217,7 @@ func (s *ShareSource) renewPending() {
 			r.Ack(kgo.AckRenew)
 		}
 		if len(s.pending) > 0 {
-			s.renewed = true
+			s.renewedAt = time.Now()
 		}
 		s.mu.Unlock()
 		s.ackMu.RUnlock()
@@ -334,7 +342,7 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		if len(s.pending) > 0 {
 			n := 0
 			for n < len(buf) && len(s.pending) > 0 {
-				buf[n] = shareMessage(s.pending[0], s.renewed)
+				buf[n] = shareMessage(s.pending[0], s.lease, s.renewedAt)
 				s.pending = s.pending[1:]
 				n++
 			}
@@ -372,21 +380,24 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		}
 		s.mu.Lock()
 		s.pending = recs
-		s.renewed = false
+		s.renewedAt = time.Time{}
 		s.outstanding = len(recs)
 		s.mu.Unlock()
 	}
 }
 
-// shareMessage builds r's message; renewed says its lock was renewed while
-// it waited in the source, so its fetch-time deadline no longer holds.
-func shareMessage(r *kgo.Record, renewed bool) *ackwise.Message {
+// shareMessage builds r's message; renewedAt is when its lock was last
+// renewed while it waited in the source (zero: not), lease how long a lock
+// lasts.
+func shareMessage(r *kgo.Record, lease time.Duration, renewedAt time.Time) *ackwise.Message {
 	m := plainMessage(r)
 	if dc := int(r.DeliveryCount()); dc > 0 {
 		m.Attempt = dc
 	}
-	rc := &shareReceipt{r: r}
-	rc.renewed.Store(renewed)
+	rc := &shareReceipt{r: r, lease: lease}
+	if !renewedAt.IsZero() {
+		rc.renewedAt.Store(renewedAt.UnixNano())
+	}
 	m.Handle = rc
 	return m
 }
@@ -454,7 +465,7 @@ func (s *ShareSource) sendAlone(rc *shareReceipt, status kgo.AckStatus) bool {
 	}
 	rc.r.Ack(status)
 	if status == kgo.AckRenew {
-		rc.renewed.Store(true)
+		rc.renewedAt.Store(time.Now().UnixNano())
 	}
 	flush()
 	return ok
@@ -536,7 +547,7 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 	}
 	s.ackMu.RLock()
 	rc.r.Ack(kgo.AckRenew)
-	rc.renewed.Store(true)
+	rc.renewedAt.Store(time.Now().UnixNano())
 	s.ackMu.RUnlock()
 	select {
 	case s.flushNow <- struct{}{}:
@@ -546,8 +557,9 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 }
 
 // Valid reports whether msg is unsettled, the source is open and its
-// acquisition lock has not run out (a lock renewed by ExtendLease is assumed
-// held: the broker judges it when msg is settled).
+// acquisition lock has not run out (a renewed lock is reckoned from when the
+// renewal was sent; on a broker before Kafka 4.2, which does not renew,
+// that is later than the lock's real end).
 func (s *ShareSource) Valid(msg *ackwise.Message) bool {
 	rc, ok := msg.Handle.(*shareReceipt)
 	if !ok || rc.settled.Load() || s.closed.Load() {

@@ -3,12 +3,15 @@ package kafka
 import (
 	"context"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/ackwise/ackwise"
 )
 
 // TestShareAckNearLockEndSentAlone: a status is sent some time after it is
@@ -21,10 +24,54 @@ import (
 // of its own.
 func TestShareAckNearLockEndSentAlone(t *testing.T) {
 	t.Parallel()
-	const lease = 2 * time.Second
+	src, acks := ackObservedShare(t)
+	got := receiveN(t, src, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	early, late := got[0], got[1]
+	if err := src.Ack(ctx, early); err != nil { // queued, sent with a later flush
+		t.Fatal(err)
+	}
+	// late's lock now ends within half the lease.
+	deadline := late.Handle.(*shareReceipt).r.AcquisitionDeadline()
+	time.Sleep(time.Until(deadline.Add(-observedLease/2 + 100*time.Millisecond))) // the lock's clock has no signal
+	ackedAlone(ctx, t, src, late, acks)
+}
+
+// TestShareAckNearRenewedLockEndSentAlone: the same for a lock renewed by
+// ExtendLease, which ends a lease after the renewal.
+func TestShareAckNearRenewedLockEndSentAlone(t *testing.T) {
+	t.Parallel()
+	src, acks := ackObservedShare(t)
+	got := receiveN(t, src, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := src.Ack(ctx, got[0]); err != nil {
+		t.Fatal(err)
+	}
+	m := got[1]
+	renewed := time.Now()
+	if err := src.ExtendLease(ctx, m, observedLease); err != nil {
+		t.Fatal(err)
+	}
+	// Past the fetch-time deadline's half-lease mark, but the renewed lock
+	// ends within half the lease only from here.
+	time.Sleep(time.Until(renewed.Add(observedLease/2 + 100*time.Millisecond))) // the lock's clock has no signal
+	ackedAlone(ctx, t, src, m, acks)
+}
+
+// observedLease is the record lock of ackObservedShare's broker.
+const observedLease = 2 * time.Second
+
+// ackObservedShare starts a kfake broker locking records for observedLease
+// and a share source on a topic with two records, and returns the source
+// and a function returning the offsets of each ShareAcknowledge request the
+// broker has received so far.
+func ackObservedShare(t *testing.T) (*ShareSource, func() [][]int64) {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
 		kfake.BrokerConfigs(map[string]string{
-			"group.share.record.lock.duration.ms": "2000",
+			"group.share.record.lock.duration.ms": strconv.FormatInt(observedLease.Milliseconds(), 10),
 			"share.record.lock.sweep.interval.ms": "100",
 		}))
 	if err != nil {
@@ -32,7 +79,7 @@ func TestShareAckNearLockEndSentAlone(t *testing.T) {
 	}
 	t.Cleanup(c.Close)
 	var mu sync.Mutex
-	var sent [][]int64 // the offsets of each ShareAcknowledge request
+	var sent [][]int64
 	c.ControlKey(kmsg.ShareAcknowledge.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		offs := ackedOffsets(req)
 		mu.Lock()
@@ -41,36 +88,30 @@ func TestShareAckNearLockEndSentAlone(t *testing.T) {
 		c.KeepControl()
 		return nil, nil, false // observed only: kfake handles it
 	})
-	brokers := c.ListenAddrs()
-	cfg := testConfig(t, brokers, 1)
+	cfg := testConfig(t, c.ListenAddrs(), 1)
 	cfg.PollBatch = 2
 	publishN(t, openSink(t, cfg), 2, func(int) string { return "k" })
-	src := openShare(t, cfg)
-	got := receiveN(t, src, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	early, late := got[0], got[1]
-	if err := src.Ack(ctx, early); err != nil { // queued, sent with a later flush
-		t.Fatal(err)
+	return openShare(t, cfg), func() [][]int64 {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(sent)
 	}
+}
 
-	// late's lock now ends within half the lease.
-	deadline := late.Handle.(*shareReceipt).r.AcquisitionDeadline()
-	time.Sleep(time.Until(deadline.Add(-lease/2 + 100*time.Millisecond))) // the lock's clock has no signal
-	if !src.Valid(late) {
+// ackedAlone acks m, still valid, and checks that a request carrying m's
+// offset alone reached the broker before Ack returned.
+func ackedAlone(ctx context.Context, t *testing.T, src *ShareSource, m *ackwise.Message, acks func() [][]int64) {
+	t.Helper()
+	if !src.Valid(m) {
 		t.Fatal("setup: the lock ran out already")
 	}
-	mu.Lock()
-	before := len(sent)
-	mu.Unlock()
-	if err := src.Ack(ctx, late); err != nil {
+	before := len(acks())
+	if err := src.Ack(ctx, m); err != nil {
 		t.Fatalf("Ack before the lock's end: %v", err)
 	}
-	mu.Lock()
-	after := slices.Clone(sent[before:])
-	mu.Unlock()
-	if !slices.ContainsFunc(after, func(offs []int64) bool { return slices.Equal(offs, []int64{late.Offset}) }) {
-		t.Fatalf("requests sent while Ack(offset %d) ran: %v; want one carrying that offset alone", late.Offset, after)
+	after := acks()[before:]
+	if !slices.ContainsFunc(after, func(offs []int64) bool { return slices.Equal(offs, []int64{m.Offset}) }) {
+		t.Fatalf("requests sent while Ack(offset %d) ran: %v; want one carrying that offset alone", m.Offset, after)
 	}
 }
 
