@@ -506,7 +506,9 @@ func (s *ShareSource) Nack(context.Context, *ackwise.Message, time.Duration) err
 }
 
 // DeadLetter produces msg to the dead-letter topic with the envelope as
-// headers, waits for the broker's confirmation, then accepts msg.
+// headers, waits for the broker's confirmation, then accepts msg. Near the
+// end of msg's lock it renews the lock first, so that the produce does not
+// outlast it (the record would be delivered again beside its dead letter).
 func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
 	rc, err := s.receipt(msg)
 	if err != nil {
@@ -515,9 +517,15 @@ func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 	if rc.settled.Load() {
 		return fmt.Errorf("kafka: %s: already settled", msg.BrokerID)
 	}
-	if rc.expired(time.Now()) {
+	now := time.Now()
+	if rc.expired(now) {
 		// The broker redelivers it: a dead letter now would be a second
 		// copy beside the redelivered record. settle releases it.
+		return s.settle(msg, kgo.AckRelease)
+	}
+	if rc.expiresWithin(now, s.nearExpiry()) && !s.sendAlone(rc, kgo.AckRenew) {
+		// The produce must end before the lock does, or the record is
+		// released after its dead letter was written: renew it first.
 		return s.settle(msg, kgo.AckRelease)
 	}
 	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strconv"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/dlq"
 )
 
 // TestShareAckNearLockEndSentAlone: a status is sent some time after it is
@@ -69,15 +71,7 @@ const observedLease = 2 * time.Second
 // broker has received so far.
 func ackObservedShare(t *testing.T) (*ShareSource, func() [][]int64) {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
-		kfake.BrokerConfigs(map[string]string{
-			"group.share.record.lock.duration.ms": strconv.FormatInt(observedLease.Milliseconds(), 10),
-			"share.record.lock.sweep.interval.ms": "100",
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := leaseCluster(t)
 	var mu sync.Mutex
 	var sent [][]int64
 	c.ControlKey(kmsg.ShareAcknowledge.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -176,4 +170,57 @@ func ackedOffsets(req kmsg.Request) []int64 {
 		}
 	}
 	return offs
+}
+
+// TestShareDeadLetterNearLockEnd: a dead letter produced near the end of
+// the record's lock, with the broker slow to confirm it, must not outlast
+// the lock: the record would be released and delivered again beside its
+// dead letter. DeadLetter renews the lock first.
+func TestShareDeadLetterNearLockEnd(t *testing.T) {
+	t.Parallel()
+	c := leaseCluster(t)
+	brokers := c.ListenAddrs()
+	cfg := testConfig(t, brokers, 1)
+	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	src := openShare(t, cfg)
+	m := receiveN(t, src, 1)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// The broker takes 1.5s to confirm the dead letter.
+	c.ControlKey(kmsg.Produce.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.SleepControl(func() { time.Sleep(1500 * time.Millisecond) }) // the fault: a slow broker
+		return nil, nil, false
+	})
+	deadline := m.Handle.(*shareReceipt).r.AcquisitionDeadline()
+	time.Sleep(time.Until(deadline.Add(-observedLease/2 + 100*time.Millisecond))) // the lock's clock has no signal
+	env := dlq.New(m, dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "t", "v1")
+	if err := src.DeadLetter(ctx, m, env); err != nil {
+		t.Fatalf("DeadLetter with the lock held: %v", err)
+	}
+	if got := readAll(ctx, t, brokers, src.cfg.DeadLetterTopic); len(got) != 1 {
+		t.Fatalf("%d dead letters, want 1", len(got))
+	}
+	wait, cancelWait := context.WithTimeout(ctx, observedLease+time.Second)
+	defer cancelWait()
+	buf := make([]*ackwise.Message, 1)
+	if n, _ := src.Receive(wait, buf); n > 0 {
+		t.Fatalf("the dead-lettered record came back (attempt %d): two copies", buf[0].Attempt)
+	}
+}
+
+// leaseCluster starts a kfake broker that locks share records for
+// observedLease and sweeps expired locks every 100ms.
+func leaseCluster(t *testing.T) *kfake.Cluster {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
+		kfake.BrokerConfigs(map[string]string{
+			"group.share.record.lock.duration.ms": strconv.FormatInt(observedLease.Milliseconds(), 10),
+			"share.record.lock.sweep.interval.ms": "100",
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
 }
