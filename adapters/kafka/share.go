@@ -211,7 +211,14 @@ func (s *ShareSource) renewPending() {
 		case <-t.C:
 		case <-s.flushNow:
 		}
-		s.ackMu.RLock()
+		// Under the write lock: no settle queues a terminal status while
+		// the renewals are drained and sent. franz-go leaves a window
+		// open where a record's terminal ack, landing between the drain
+		// of its renewal and the building of the request, goes out twice
+		// (with the renewal's request and the next); the broker refuses
+		// the second, and every other status of the partition sent with
+		// it.
+		s.ackMu.Lock()
 		s.mu.Lock()
 		for _, r := range s.pending {
 			r.Ack(kgo.AckRenew)
@@ -220,12 +227,12 @@ func (s *ShareSource) renewPending() {
 			s.renewedAt = time.Now()
 		}
 		s.mu.Unlock()
-		s.ackMu.RUnlock()
 		ctx, cancel := context.WithTimeout(s.stopCtx, every)
 		if err := s.cl.FlushAcks(ctx); err != nil && s.stopCtx.Err() == nil {
 			s.log.Warn("kafka: share acks not sent", "group", s.cfg.Group, "err", err)
 		}
 		cancel()
+		s.ackMu.Unlock()
 	}
 }
 
