@@ -141,7 +141,9 @@
 // delivery, so handlers must finish well within it. The source warns, with a
 // log record and the counter ackwise.rabbitmq.consumer_timeout.warnings,
 // about each delivery held for Config.ConsumerTimeoutWarn (80% of
-// Config.ConsumerTimeout, which should match the broker's setting). When the
+// Config.ConsumerTimeout, which should match the broker's setting), counted
+// as the broker counts it: from the delivery's arrival, time spent in the
+// prefetch buffer before Receive included. When the
 // broker does close the channel, the reconnection log names the timeout as
 // the likely cause.
 //

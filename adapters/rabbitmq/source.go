@@ -116,7 +116,7 @@ type session struct {
 	gen        uint64
 	conn       *amqp.Connection
 	ch         *amqp.Channel
-	deliveries <-chan amqp.Delivery
+	deliveries <-chan arrival // from stamp, in delivery order
 	dead       chan struct{}
 	isDead     atomic.Bool
 	err        error // why it died; written before dead is closed
@@ -136,7 +136,7 @@ type session struct {
 type receipt struct {
 	s  *session
 	d  amqp.Delivery
-	at time.Time
+	at time.Time // when the delivery reached this client
 
 	// guarded by s.mu
 	prev, next *receipt
@@ -171,7 +171,9 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	s.gen++
 	gen := s.gen
 	s.mu.Unlock()
-	ss := &session{src: s, gen: gen, conn: ac, ch: ch, deliveries: deliveries, dead: make(chan struct{}), ackSignal: make(chan struct{}, 1)}
+	stamped := make(chan arrival, 16)
+	ss := &session{src: s, gen: gen, conn: ac, ch: ch, deliveries: stamped, dead: make(chan struct{}), ackSignal: make(chan struct{}, 1)}
+	go ss.stamp(deliveries, stamped)
 	go ss.flusher()
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
@@ -183,6 +185,43 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 		ss.kill(err)
 	}()
 	return ss, nil
+}
+
+// arrival is a delivery and when it reached this client.
+type arrival struct {
+	d  amqp.Delivery
+	at time.Time
+}
+
+// stamp passes deliveries on in order, each with the time it arrived: the
+// broker's consumer_timeout runs from then, also while a delivery waits in
+// the prefetch buffer for Receive, so the timeout warning counts from then.
+// The queue it keeps is bounded by the prefetch count (the broker delivers
+// no more unacknowledged). out is closed once in is closed and everything
+// was passed on, or when the session dies.
+func (ss *session) stamp(in <-chan amqp.Delivery, out chan<- arrival) {
+	defer close(out)
+	var q []arrival
+	for in != nil || len(q) > 0 {
+		var send chan<- arrival
+		var next arrival
+		if len(q) > 0 {
+			send, next = out, q[0]
+		}
+		select {
+		case d, ok := <-in:
+			if !ok {
+				in = nil
+				continue
+			}
+			q = append(q, arrival{d: d, at: time.Now()})
+		case send <- next:
+			q[0] = arrival{}
+			q = q[1:]
+		case <-ss.dead:
+			return
+		}
+	}
 }
 
 // kill marks the session dead and closes its connection; the broker
@@ -291,24 +330,23 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 			return 0, err
 		}
 		select {
-		case d, ok := <-ss.deliveries:
+		case a, ok := <-ss.deliveries:
 			if !ok {
 				// The channel closed, or the broker cancelled the consumer
 				// (queue deleted): start over on a new channel.
 				ss.kill(errors.New("rabbitmq: consumer cancelled by the broker or channel closed"))
 				continue
 			}
-			now := time.Now()
-			buf[0] = s.message(ss, d, now)
+			buf[0] = s.message(ss, a.d, a.at)
 			n := 1
 		fill:
 			for n < len(buf) {
 				select {
-				case d, ok := <-ss.deliveries:
+				case a, ok := <-ss.deliveries:
 					if !ok {
 						break fill
 					}
-					buf[n] = s.message(ss, d, now)
+					buf[n] = s.message(ss, a.d, a.at)
 					n++
 				default:
 					break fill
@@ -325,8 +363,8 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 	}
 }
 
-func (s *Source) message(ss *session, d amqp.Delivery, now time.Time) *ackwise.Message {
-	r := &receipt{s: ss, d: d, at: now}
+func (s *Source) message(ss *session, d amqp.Delivery, arrived time.Time) *ackwise.Message {
+	r := &receipt{s: ss, d: d, at: arrived}
 	h := fromTable(d.Headers)
 	m := &ackwise.Message{
 		ID:          h.Get(ackwise.HeaderEventID),
