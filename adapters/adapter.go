@@ -112,8 +112,8 @@ type Source interface {
 // *Message again, so nothing may use msg after Recycle: handlers,
 // middleware and observers must not keep a message (or its Headers) beyond
 // their call, as the Message contract says. A message whose handler is still
-// running past the drain deadline is never recycled. Callers that drive a
-// source directly need not call Recycle.
+// running past the drain deadline is recycled only once that handler
+// returns. Callers that drive a source directly need not call Recycle.
 type Recycler interface {
 	// Recycle takes back messages this source delivered. It is safe for
 	// concurrent use and ignores messages it did not deliver.

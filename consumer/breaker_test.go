@@ -247,19 +247,7 @@ func waitIdleQueue(t *testing.T, c *consumer.Consumer, br *memory.Broker, q stri
 // with a 30 s lease keeps its message; it is delivered once and acked once.
 func TestHeartbeatKeepsLease(t *testing.T) {
 	t.Parallel()
-	clock := memory.NewVirtualClock(time.Time{})
-	br, err := memory.New(memory.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := br.CreateQueue("q", memory.QueueConfig{Lease: 30 * time.Second}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := br.QueueSource("q")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer src.Close()
+	clock, br, src := leasedQueue(t)
 	started := make(chan struct{})
 	finish := make(chan struct{})
 	var runs atomic.Int64

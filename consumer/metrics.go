@@ -82,8 +82,9 @@ type sourceOpts struct {
 //     than retried of deliveries with Attempt > 1 — messages that needed
 //     more than one delivery — with the source and consumer attributes.
 //     Retried outcomes are left out so that a message retried n times
-//     counts once whether it waited in place or at the broker (the engine
-//     numbers an in-place retry's next attempt before reporting it).
+//     counts once whether it waited in place or at the broker (an in-place
+//     retry is reported under the attempt that failed, and its next
+//     attempt is numbered when it wakes).
 //
 // consumerName should be the consumer's Config.Name; empty means
 // DefaultName. A nil mp means a no-op provider. Nothing global is read or
