@@ -19,3 +19,11 @@ func PinPace(c *Consumer, name string) {
 
 // PaceOf returns c's current hand-off pace.
 func PaceOf(c *Consumer) string { return paceNames[c.pace.mode.Load()] }
+
+// Drained returns the channel Run closes once its drain has begun and no
+// message is in flight. Call it while Run is running.
+func Drained(c *Consumer) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.drained
+}

@@ -231,7 +231,7 @@ func TestRecycleStressBreakerDrain(t *testing.T) {
 					if stuck {
 						select {
 						case <-started:
-							time.Sleep(5 * time.Millisecond)
+							time.Sleep(5 * time.Millisecond) // pacing: the load runs on beside the stuck handler a while; nothing waits on where it got
 							goto out
 						default:
 						}
@@ -254,7 +254,17 @@ func TestRecycleStressBreakerDrain(t *testing.T) {
 				if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.InFlight == 0 }) {
 					t.Fatalf("in flight after drain: %+v", c.Stats())
 				}
-				time.Sleep(20 * time.Millisecond)
+				// A finisher recycles its message after it leaves the
+				// in-flight count; there is no signal for it: poll.
+				for deadline := time.Now().Add(5 * time.Second); ; {
+					src.mu.Lock()
+					left := len(src.live)
+					src.mu.Unlock()
+					if left == 0 || time.Now().After(deadline) {
+						break
+					}
+					time.Sleep(time.Millisecond)
+				}
 				src.mu.Lock()
 				live := 0
 				for m := range src.live {

@@ -129,13 +129,23 @@ func TestHeartbeatExtendsRecycledMessage(t *testing.T) {
 		close(release[extending])
 		t.Fatalf("other message not finished: %+v", c.Stats())
 	}
-	// Give a finisher that recycles at once the time to do it.
+	// Give a finisher that recycles at once (the bug) the time to do it. A
+	// correct engine defers the recycle to the heartbeat, which waits on
+	// proceed: there is no event to await, and this window runs out.
 	for deadline := time.Now().Add(100 * time.Millisecond); !src.isRecycled(other) && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 	close(proceed) // the heartbeat goes on to the other message
-	// Let the heartbeat finish its round before the last message ends.
-	time.Sleep(50 * time.Millisecond)
+	// Let the heartbeat finish its round before the last message ends: it
+	// arms its next tick when the round is over.
+	if err := clock.WaitForTimers(ctx, 1); err != nil {
+		close(release[extending])
+		t.Fatal("heartbeat round never finished")
+	}
+	if !src.isRecycled(other) {
+		close(release[extending])
+		t.Fatal("the heartbeat's round ended without recycling the message that finished during it")
+	}
 	close(release[extending])
 	if !src.waitSettled(2, 5*time.Second) {
 		t.Fatalf("not settled: %+v", c.Stats())
@@ -158,12 +168,17 @@ type lateSource struct {
 	*recyclingSource
 	late    *ackwise.Message
 	entered chan struct{}
+	c       *consumer.Consumer
 }
 
 func (s *lateSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
 	close(s.entered)
 	<-ctx.Done()
-	time.Sleep(50 * time.Millisecond) // the drain has begun
+	select { // the drain has begun
+	case <-consumer.Drained(s.c):
+	case <-time.After(5 * time.Second):
+		s.t.Error("the drain never began after Run's context ended")
+	}
 	buf[0] = s.late
 	s.mu.Lock()
 	s.outstanding++
@@ -183,6 +198,7 @@ func TestRecycleMessageReceivedWhileStopping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	src.c = c
 	stop := run(t, c)
 	<-src.entered
 	if err := stop(); err != nil {

@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,6 +24,8 @@ func TestConsumerTimeoutWarningCountsPrefetchedTime(t *testing.T) {
 	cfg.ConsumerTimeoutWarn = 300 * time.Millisecond
 	var warned atomic.Int64
 	cfg.MeterProvider = countingMeter{n: &warned}
+	logs := make(chan slog.Record, 16)
+	cfg.Logger = slog.New(recordHandler{ch: logs})
 	declare(t, cfg)
 	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
 	src := newSource(t, cfg)
@@ -38,12 +41,44 @@ func TestConsumerTimeoutWarningCountsPrefetchedTime(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	delivered := time.Now()
 	time.Sleep(600 * time.Millisecond) // b waits in the prefetch buffer
+	received := time.Now()
 	b := receive(t, src)
-	time.Sleep(150 * time.Millisecond)
+	// Await b's warning. It must count the time b spent in the prefetch
+	// buffer: held, taken at the watcher's tick, exceeds the time since
+	// Receive began (the record's time is at or after that tick). Counted
+	// from Receive, held could be no more than that.
+	timeout := time.After(testTimeout)
+	for warnedB := false; !warnedB; {
+		select {
+		case r := <-logs:
+			var id, held string
+			r.Attrs(func(a slog.Attr) bool {
+				switch a.Key {
+				case "message_id":
+					id = a.Value.String()
+				case "held":
+					held = a.Value.String()
+				}
+				return true
+			})
+			if id != "b" {
+				continue
+			}
+			warnedB = true
+			d, err := time.ParseDuration(held)
+			if err != nil {
+				t.Fatalf("warning for b: held %q: %v", held, err)
+			}
+			if since := r.Time.Sub(received); d <= since {
+				t.Errorf("b warned as held %v, no more than the %v since Receive: the time in the prefetch buffer was not counted", d, since)
+			}
+		case <-timeout:
+			t.Fatal("no consumer-timeout warning for b")
+		}
+	}
 	if n := warned.Load(); n != 2 {
-		t.Errorf("%d warnings %v after b was delivered, want 2 (a and b both held past ConsumerTimeoutWarn %v by the broker's clock)", n, time.Since(delivered).Round(time.Millisecond), cfg.ConsumerTimeoutWarn)
+		t.Errorf("%d warnings, want 2 (a and b both held past ConsumerTimeoutWarn %v by the broker's clock)", n, cfg.ConsumerTimeoutWarn)
 	}
 	for _, m := range []*ackwise.Message{a, b} {
 		if err := src.Ack(ctxT(t), m); err != nil {
