@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
@@ -113,8 +114,8 @@ func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSessi
 }
 
 // Run consumes batches and runs fn on each message until ctx is done (then
-// it returns nil) or the transaction fails in a way that cannot be retried
-// (then it returns the error). Each batch commits exactly once: outputs and
+// it returns nil) or the transaction or a fetch fails in a way that cannot be
+// retried, an authorization failure say (then it returns the error). Each batch commits exactly once: outputs and
 // input offsets together.
 func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 	// Between attempts at a batch whose transform or outputs failed: the
@@ -139,11 +140,25 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 		if fetches.IsClientClosed() {
 			return adapters.ErrClosed
 		}
+		// A Kafka error retrying will not cure (an authorization failure,
+		// say) ends Run: franz-go keeps trying, and a Run that only logged
+		// it (the default Logger discards) would poll for ever without a
+		// word. Other errors (a broker down, data loss franz-go recovers
+		// from) are only logged. The batch's records, if any, are left
+		// uncommitted.
+		var fatal error
 		fetches.EachError(func(t string, p int32, err error) {
-			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+				return
+			}
+			s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+			if ke, ok := errors.AsType[*kerr.Error](err); ok && !ke.Retriable && fatal == nil {
+				fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
 			}
 		})
+		if fatal != nil {
+			return fatal
+		}
 		if fetches.NumRecords() == 0 {
 			continue
 		}

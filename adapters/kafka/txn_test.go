@@ -9,7 +9,11 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"github.com/twmb/franz-go/pkg/sasl/plain"
 
 	"github.com/ackwise/ackwise"
 )
@@ -172,5 +176,52 @@ func TestTransactSessionPausesAfterFailedBatch(t *testing.T) {
 	}
 	if n := calls.Load() - from; n > 6 {
 		t.Fatalf("%d attempts at a failing batch within a second: want a growing pause between them", n)
+	}
+}
+
+// TestTransactSessionReturnsFatalFetchError: a fetch error retrying will not
+// cure (the user may join the group and describe the topic, not read it)
+// ends Run with that error, as it ends Source.Receive. Before, Run logged it
+// at Warn (the default Logger discards) and polled again for ever.
+func TestTransactSessionReturnsFatalFetchError(t *testing.T) {
+	t.Parallel()
+	any := func(rt kmsg.ACLResourceType, op kmsg.ACLOperation) kfake.ACL {
+		return kfake.ACL{Resource: rt, Name: "*", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
+		kfake.Superuser("PLAIN", "admin", "admin-pw"),
+		kfake.User("PLAIN", "reader", "reader-pw",
+			any(kmsg.ACLResourceTypeGroup, kmsg.ACLOperationRead),
+			any(kmsg.ACLResourceTypeTopic, kmsg.ACLOperationDescribe),
+			any(kmsg.ACLResourceTypeTransactionalId, kmsg.ACLOperationWrite),
+			any(kmsg.ACLResourceTypeTransactionalId, kmsg.ACLOperationDescribe)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	admin := Config{Brokers: c.ListenAddrs(), Topic: uniq("t"), SASL: plain.Auth{User: "admin", Pass: "admin-pw"}.AsMechanism()}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := CreateTopics(ctx, admin, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, openSink(t, admin), 1, func(int) string { return "k" })
+	cfg := admin
+	cfg.Group = cfg.Topic + "-g"
+	cfg.SASL = plain.Auth{User: "reader", Pass: "reader-pw"}.AsMechanism()
+	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	runCtx, stop := context.WithTimeout(ctx, 10*time.Second)
+	defer stop()
+	err = sess.Run(runCtx, func(context.Context, *ackwise.Message, func(Output)) error { return nil })
+	if err == nil || runCtx.Err() != nil {
+		t.Fatalf("Run without read permission = %v (context: %v), want the fetch's error", err, runCtx.Err())
+	}
+	t.Logf("Run: %v", err)
+	if kerr.IsRetriable(err) {
+		t.Fatalf("Run returned a retriable error: %v", err)
 	}
 }
