@@ -114,9 +114,9 @@ func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSessi
 }
 
 // Run consumes batches and runs fn on each message until ctx is done (then
-// it returns nil) or the transaction or a fetch fails in a way that cannot be
-// retried, an authorization failure say (then it returns the error). Each batch commits exactly once: outputs and
-// input offsets together.
+// it returns nil) or the transaction or a fetch fails in a way that cannot
+// be retried, an authorization failure say (then it returns the error).
+// Each batch commits exactly once: outputs and input offsets together.
 func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 	// Between attempts at a batch whose transform or outputs failed: the
 	// same batch comes back at once, and would fail again at once.

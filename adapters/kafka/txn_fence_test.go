@@ -61,15 +61,23 @@ func TestTransactSessionFencedBySameID(t *testing.T) {
 		in = append(in, publishN(t, sink, 10, func(i int) string { return "k" + string(rune('a'+i%5)) })...)
 		time.Sleep(200 * time.Millisecond)
 	}
-	in = append(in, publishN(t, sink, 10, func(i int) string { return "k" + string(rune('a'+i%5)) })...)
-	select {
-	case err := <-aDone:
-		t.Logf("fenced Run: %v", err)
-		if err == nil {
-			t.Error("fenced Run returned nil")
+	// A learns of the fence at its next transaction, so it needs records
+	// of its own partitions: keep publishing until its Run returns.
+	giveUp := time.After(20 * time.Second)
+wait:
+	for {
+		in = append(in, publishN(t, sink, 10, func(i int) string { return "k" + string(rune('a'+i%5)) })...)
+		select {
+		case err := <-aDone:
+			t.Logf("fenced Run: %v", err)
+			if err == nil {
+				t.Error("fenced Run returned nil")
+			}
+			break wait
+		case <-giveUp:
+			t.Fatal("fenced session's Run still running 20s after it was fenced, with records to handle")
+		case <-time.After(200 * time.Millisecond): // publish more: A may own no partition with new records yet
 		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("fenced session's Run still running 15s after it was fenced")
 	}
 	a.Close()
 	deadline := time.Now().Add(10 * time.Second)

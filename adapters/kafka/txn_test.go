@@ -10,10 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
-	"github.com/twmb/franz-go/pkg/sasl/plain"
 
 	"github.com/ackwise/ackwise"
 )
@@ -185,30 +182,9 @@ func TestTransactSessionPausesAfterFailedBatch(t *testing.T) {
 // at Warn (the default Logger discards) and polled again for ever.
 func TestTransactSessionReturnsFatalFetchError(t *testing.T) {
 	t.Parallel()
-	any := func(rt kmsg.ACLResourceType, op kmsg.ACLOperation) kfake.ACL {
-		return kfake.ACL{Resource: rt, Name: "*", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.EnableSASL(), kfake.EnableACLs(),
-		kfake.Superuser("PLAIN", "admin", "admin-pw"),
-		kfake.User("PLAIN", "reader", "reader-pw",
-			any(kmsg.ACLResourceTypeGroup, kmsg.ACLOperationRead),
-			any(kmsg.ACLResourceTypeTopic, kmsg.ACLOperationDescribe),
-			any(kmsg.ACLResourceTypeTransactionalId, kmsg.ACLOperationWrite),
-			any(kmsg.ACLResourceTypeTransactionalId, kmsg.ACLOperationDescribe)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	admin := Config{Brokers: c.ListenAddrs(), Topic: uniq("t"), SASL: plain.Auth{User: "admin", Pass: "admin-pw"}.AsMechanism()}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := CreateTopics(ctx, admin, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	publishN(t, openSink(t, admin), 1, func(int) string { return "k" })
-	cfg := admin
-	cfg.Group = cfg.Topic + "-g"
-	cfg.SASL = plain.Auth{User: "reader", Pass: "reader-pw"}.AsMechanism()
+	cfg := unreadableTopic(ctx, t)
 	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
 	if err != nil {
 		t.Fatal(err)
