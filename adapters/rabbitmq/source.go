@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -283,10 +284,11 @@ func errText(err error) string {
 	return err.Error()
 }
 
-// deathHint explains a channel closed by the broker's consumer timeout.
+// deathHint explains a channel closed by the broker's consumer timeout
+// (406 "delivery acknowledgement on channel N timed out").
 func deathHint(err error) string {
 	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed {
+	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed && strings.Contains(ae.Reason, "timed out") {
 		return "a delivery was held longer than the broker's consumer_timeout; its handler was too slow (see ConsumerTimeout)"
 	}
 	return ""
@@ -333,7 +335,17 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		case a, ok := <-ss.deliveries:
 			if !ok {
 				// The channel closed, or the broker cancelled the consumer
-				// (queue deleted): start over on a new channel.
+				// (queue deleted): start over on a new channel. A channel
+				// the broker closed says why through NotifyClose, which
+				// may come a moment after its deliveries end: let it name
+				// the cause (consumer_timeout's 406, say) rather than this
+				// generic one.
+				if ss.ch.IsClosed() {
+					select {
+					case <-ss.dead:
+					case <-time.After(time.Second):
+					}
+				}
 				ss.kill(errors.New("rabbitmq: consumer cancelled by the broker or channel closed"))
 				continue
 			}
