@@ -45,7 +45,9 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 }
 
 // Publish publishes msgs and returns once the broker confirmed all of them.
-// Each message goes out with its headers, ackwise-event-id (from Message.ID),
+// Each message goes out with its headers (but x-delivery-count, the count a
+// quorum queue keeps per delivery, which a message copied from a delivery
+// carries), ackwise-event-id (from Message.ID),
 // ackwise-key (from Message.Key), message-id = the event ID (or a unique ID
 // when there is none), the current timestamp and delivery mode persistent.
 // A message no queue takes (basic.return) fails with an error wrapping
@@ -64,6 +66,10 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	for i, m := range msgs {
 		id := adapters.EventID(m)
 		h := toTable(m.Headers, 2)
+		// The broker's per-delivery count, copied from a delivery (a
+		// redriven dead letter): a quorum queue would add it to the
+		// message's attempts (attemptOf) on its first delivery.
+		delete(h, headerDeliveryCount)
 		if id != "" {
 			h[ackwise.HeaderEventID] = id
 		}
