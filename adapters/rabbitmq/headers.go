@@ -185,7 +185,14 @@ func moveTable(orig amqp.Table, h ackwise.Headers, dropPrefix string) amqp.Table
 }
 
 // deadLetterTable is moveTable for dead letters: envelope headers of an
-// earlier dead-lettering are replaced by env's.
+// earlier dead-lettering are replaced by env's, and credential headers
+// (dlq.SecretHeaders) are left out, from the delivery's table too.
 func deadLetterTable(orig amqp.Table, h ackwise.Headers, env dlq.Envelope) amqp.Table {
-	return moveTable(orig, env.Apply(h), dlq.HeaderPrefix)
+	t := moveTable(orig, env.Apply(h), dlq.HeaderPrefix)
+	for k := range t {
+		if dlq.IsSecretHeader(k) {
+			delete(t, k)
+		}
+	}
+	return t
 }
