@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -198,7 +199,8 @@ type RedriveResult struct {
 // For each message it receives it decodes the envelope (a message without
 // one is skipped), applies Filter, and publishes a copy to to: the payload
 // byte-identical, Key and event ID unchanged, the original headers kept, the
-// envelope headers removed (Strip), and the engine's hop headers
+// envelope headers removed (Strip), credential headers (SecretHeaders)
+// removed, and the engine's hop headers
 // ackwise-attempt and ackwise-first-failure removed as well so that the
 // redriven message starts again at attempt 1 (else a message that ran out of
 // attempts would be dead-lettered again on its first failure). Only once the
@@ -424,6 +426,9 @@ func redriveCopy(msg *ackwise.Message) *ackwise.Message {
 	h := Strip(msg.Headers)
 	h.Del(ackwise.HeaderAttempt)
 	h.Del(ackwise.HeaderFirstFailure)
+	// Apply leaves credentials out of a dead letter; one written otherwise
+	// (by an older release, another tool) still goes back without them.
+	h = slices.DeleteFunc(h, func(kv ackwise.Header) bool { return IsSecretHeader(kv.Key) })
 	if len(h) == 0 {
 		h = nil
 	}
