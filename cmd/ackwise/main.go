@@ -558,7 +558,8 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 // sameDestination reports whether two URLs name the same destination:
 // the same scheme, host and path, whatever the query (a source URL carries
 // ?group=, a sink URL need not), the user info, the case of the scheme and
-// host, and a trailing '/'. URLs that do not parse are left to the opener.
+// host, and a trailing '/'; amqp, amqps and rabbit count as one scheme, and
+// RabbitMQ's default ports as no port. URLs that do not parse are left to the opener.
 func sameDestination(a, b string) bool {
 	ua, err := url.Parse(a)
 	if err != nil {
@@ -568,6 +569,25 @@ func sameDestination(a, b string) bool {
 	if err != nil {
 		return false
 	}
-	return strings.EqualFold(ua.Scheme, ub.Scheme) && strings.EqualFold(ua.Host, ub.Host) &&
+	return destScheme(ua) == destScheme(ub) && destHost(ua) == destHost(ub) &&
 		strings.Trim(ua.Path, "/") == strings.Trim(ub.Path, "/") && ua.Opaque == ub.Opaque
+}
+
+// destScheme is u's scheme in lower case, the RabbitMQ ones (amqp, amqps,
+// rabbit) as one: they reach the same broker.
+func destScheme(u *url.URL) string {
+	s := strings.ToLower(u.Scheme)
+	if s == "amqps" || s == "rabbit" {
+		return "amqp"
+	}
+	return s
+}
+
+// destHost is u's host in lower case, without RabbitMQ's default ports.
+func destHost(u *url.URL) string {
+	h := strings.ToLower(u.Host)
+	if p := u.Port(); destScheme(u) == "amqp" && (p == "5672" || p == "5671") {
+		h = strings.TrimSuffix(h, ":"+p)
+	}
+	return h
 }

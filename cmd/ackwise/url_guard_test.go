@@ -67,3 +67,22 @@ func TestEmptyFilterValueIsUsageError(t *testing.T) {
 		t.Errorf("-reason \"\": exit %d, want a usage error:\nstdout %q\nstderr %q", code, out, errOut)
 	}
 }
+
+// TestRedriveRefusesSameRabbitQueueSpeltOtherwise: rabbit:// and amqps://
+// name the same broker as amqp://, and amqp://host is amqp://host:5672.
+func TestRedriveRefusesSameRabbitQueueSpeltOtherwise(t *testing.T) {
+	t.Parallel()
+	for _, target := range []string{
+		"rabbit://guest:guest@127.0.0.1:1/q.dlq",
+		"AMQP://guest:guest@127.0.0.1:1/q.dlq",
+	} {
+		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "amqp://guest:guest@127.0.0.1:1/q.dlq?plain=true", target, "-idle", "100ms")
+		if code != exitUsage {
+			t.Errorf("redrive into %s: exit %d, want a usage error:\nstdout %q\nstderr %q", target, code, out, errOut)
+		}
+	}
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "amqp://guest:guest@localhost/q.dlq?plain=true", "amqp://guest:guest@localhost:5672/q.dlq", "-idle", "100ms")
+	if code != exitUsage {
+		t.Errorf("redrive into the default port spelt out: exit %d, want a usage error:\nstdout %q\nstderr %q", code, out, errOut)
+	}
+}
