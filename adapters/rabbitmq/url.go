@@ -121,13 +121,8 @@ type parsedURL struct {
 
 func parseURL(u *url.URL) (parsedURL, error) {
 	var p parsedURL
-	if strings.Contains(u.Opaque, "@") || u.User == nil &&
-		(strings.Contains(u.EscapedPath(), "@") || strings.Contains(u.RawQuery, "@") || strings.Contains(u.EscapedFragment(), "@")) {
-		// No user info but an '@' further on: the user info most likely
-		// ended early at an unescaped '/', '?' or '#' in the password, which
-		// is now in the path, query or fragment (the host may hold its
-		// start). Do not echo any of it, nor dial it.
-		return p, errors.New("rabbitmq: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it, and a literal '@' as %40)")
+	if err := misplacedPassword(u); err != nil {
+		return p, err
 	}
 	q := u.Query()
 	for k, vs := range q {
@@ -266,4 +261,16 @@ func parseURL(u *url.URL) (parsedURL, error) {
 	}
 	p.cfg = c
 	return p, nil
+}
+
+// misplacedPassword refuses a URL with no user info but an '@' further on:
+// the user info most likely ended early at an unescaped '/', '?' or '#' in
+// the password, which is now in the path, query or fragment (the host may
+// hold its start). Do not echo any of it, nor dial it.
+func misplacedPassword(u *url.URL) error {
+	if strings.Contains(u.Opaque, "@") || u.User == nil &&
+		(strings.Contains(u.EscapedPath(), "@") || strings.Contains(u.RawQuery, "@") || strings.Contains(u.EscapedFragment(), "@")) {
+		return errors.New("rabbitmq: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it, and a literal '@' as %40)")
+	}
+	return nil
 }
