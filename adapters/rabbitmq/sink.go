@@ -108,8 +108,11 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 // same again fails the same way, unlike a lost connection, a nack (a full
 // queue with reject-publish) or an unroutable message, which time may cure.
 func refusedOnChannel(err error) bool {
+	// Not 311 (content too large "at the present time": amqp091's
+	// Temporary) nor 405 (locked by another client): those may pass. Not
+	// an error the client made up (Server false).
 	var ae *amqp.Error
-	return errors.As(err, &ae) && ae.Recover
+	return errors.As(err, &ae) && ae.Recover && ae.Server && !ae.Temporary() && ae.Code != amqp.ResourceLocked
 }
 
 // Close waits (at most 10s) for outstanding confirms and closes the

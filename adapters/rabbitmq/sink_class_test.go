@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -55,5 +56,29 @@ func TestSinkChannelRefusalIsPermanent(t *testing.T) {
 	err = sink.Publish(ctxT(t), &ackwise.Message{ID: "e3"})
 	if !errors.Is(err, ErrUnroutable) || ackwise.ClassOf(err) != ackwise.ClassTransient {
 		t.Fatalf("unroutable publish = %v (class %v), want ErrUnroutable, transient", err, ackwise.ClassOf(err))
+	}
+}
+
+// Only a refusal retrying cannot cure is permanent: 311 (content too large
+// "at the present time", amqp091's Temporary) and 405 (resource locked by
+// another client) may pass, and an error the client made up itself (Server
+// false) says nothing about what the broker accepts.
+func TestRefusedOnChannelTransientCodes(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  *amqp.Error
+		want bool
+	}{
+		{&amqp.Error{Code: amqp.NotFound, Server: true, Recover: true}, true},
+		{&amqp.Error{Code: amqp.AccessRefused, Server: true, Recover: true}, true},
+		{&amqp.Error{Code: amqp.PreconditionFailed, Server: true, Recover: true}, true},
+		{&amqp.Error{Code: amqp.ContentTooLarge, Server: true, Recover: true}, false},
+		{&amqp.Error{Code: amqp.ResourceLocked, Server: true, Recover: true}, false},
+		{&amqp.Error{Code: amqp.InternalError, Server: false, Recover: true}, false},
+		{&amqp.Error{Code: amqp.ConnectionForced, Server: true}, false},
+	} {
+		if got := refusedOnChannel(fmt.Errorf("publish: %w", tc.err)); got != tc.want {
+			t.Errorf("refusedOnChannel(%d, server %v) = %v, want %v", tc.err.Code, tc.err.Server, got, tc.want)
+		}
 	}
 }
