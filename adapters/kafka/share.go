@@ -75,6 +75,10 @@ type ShareSource struct {
 	// the status of a record whose lock runs out soon or ran out under its
 	// write lock (see sendAlone).
 	ackMu sync.RWMutex
+	// settleMu keeps terminal statuses (accept, release, reject) from
+	// being queued while renewPending sends renewals (see there); taken
+	// after ackMu. Renewals do not wait for it.
+	settleMu sync.RWMutex
 	// flushNow asks renewPending to send the queued statuses now: a
 	// renewal by ExtendLease must not wait for the next tick.
 	flushNow chan struct{}
@@ -211,14 +215,17 @@ func (s *ShareSource) renewPending() {
 		case <-t.C:
 		case <-s.flushNow:
 		}
-		// Under the write lock: no settle queues a terminal status while
-		// the renewals are drained and sent. franz-go leaves a window
-		// open where a record's terminal ack, landing between the drain
-		// of its renewal and the building of the request, goes out twice
-		// (with the renewal's request and the next); the broker refuses
-		// the second, and every other status of the partition sent with
-		// it.
-		s.ackMu.Lock()
+		// No settle queues a terminal status while the renewals are
+		// drained and sent (settleMu). franz-go leaves a window open where
+		// a record's terminal ack, landing between the drain of its
+		// renewal and the building of the request, goes out twice (with
+		// the renewal's request and the next); the broker refuses the
+		// second, and every other status of the partition sent with it.
+		// Renewals queued meanwhile (ExtendLease takes only ackMu's read
+		// lock) go with the next flush, which their kick asks for: a
+		// heartbeat round of renewals does not wait a round trip each.
+		s.ackMu.RLock()
+		s.settleMu.Lock()
 		s.mu.Lock()
 		for _, r := range s.pending {
 			r.Ack(kgo.AckRenew)
@@ -232,7 +239,8 @@ func (s *ShareSource) renewPending() {
 			s.log.Warn("kafka: share acks not sent", "group", s.cfg.Group, "err", err)
 		}
 		cancel()
-		s.ackMu.Unlock()
+		s.settleMu.Unlock()
+		s.ackMu.RUnlock()
 	}
 }
 
@@ -438,7 +446,9 @@ func (s *ShareSource) settle(msg *ackwise.Message, status kgo.AckStatus) error {
 		return nil
 	}
 	s.ackMu.RLock()
+	s.settleMu.RLock()
 	rc.r.Ack(status)
+	s.settleMu.RUnlock()
 	s.ackMu.RUnlock()
 	s.done()
 	return nil

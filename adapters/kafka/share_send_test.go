@@ -26,7 +26,7 @@ import (
 // of its own.
 func TestShareAckNearLockEndSentAlone(t *testing.T) {
 	t.Parallel()
-	src, acks := ackObservedShare(t)
+	src, acks := ackObservedShare(t, 2)
 	got := receiveN(t, src, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -44,7 +44,7 @@ func TestShareAckNearLockEndSentAlone(t *testing.T) {
 // ExtendLease, which ends a lease after the renewal.
 func TestShareAckNearRenewedLockEndSentAlone(t *testing.T) {
 	t.Parallel()
-	src, acks := ackObservedShare(t)
+	src, acks := ackObservedShare(t, 2)
 	got := receiveN(t, src, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -66,10 +66,10 @@ func TestShareAckNearRenewedLockEndSentAlone(t *testing.T) {
 const observedLease = 2 * time.Second
 
 // ackObservedShare starts a kfake broker locking records for observedLease
-// and a share source on a topic with two records, and returns the source
+// and a share source on a topic with n records (and a poll batch of n), and returns the source
 // and a function returning the offsets of each ShareAcknowledge request the
 // broker has received so far.
-func ackObservedShare(t *testing.T) (*ShareSource, func() [][]int64) {
+func ackObservedShare(t *testing.T, n int) (*ShareSource, func() [][]int64) {
 	t.Helper()
 	c := leaseCluster(t)
 	var mu sync.Mutex
@@ -83,8 +83,8 @@ func ackObservedShare(t *testing.T) (*ShareSource, func() [][]int64) {
 		return nil, nil, false // observed only: kfake handles it
 	})
 	cfg := testConfig(t, c.ListenAddrs(), 1)
-	cfg.PollBatch = 2
-	publishN(t, openSink(t, cfg), 2, func(int) string { return "k" })
+	cfg.PollBatch = n
+	publishN(t, openSink(t, cfg), n, func(int) string { return "k" })
 	return openShare(t, cfg), func() [][]int64 {
 		mu.Lock()
 		defer mu.Unlock()
@@ -223,4 +223,53 @@ func leaseCluster(t *testing.T) *kfake.Cluster {
 	}
 	t.Cleanup(c.Close)
 	return c
+}
+
+// TestShareHeartbeatRoundFewRequests: the engine's heartbeat renews its
+// messages one after another; a renewal does not wait for the round trip
+// of the one before, so they go out in a few requests, not one each.
+func TestShareHeartbeatRoundFewRequests(t *testing.T) {
+	t.Parallel()
+	const n = 10
+	src, acks := ackObservedShare(t, n)
+	msgs := receiveN(t, src, n)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	before := len(acks())
+	for _, m := range msgs {
+		if err := src.ExtendLease(ctx, m, observedLease); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Microsecond) // the heartbeat's own work between two renewals
+	}
+	want := map[int64]bool{}
+	for _, m := range msgs {
+		want[m.Offset] = true
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		reqs := acks()[before:]
+		seen := 0
+		for _, offs := range reqs {
+			for _, o := range offs {
+				if want[o] {
+					seen++
+				}
+			}
+		}
+		if seen >= n {
+			// The first renewal's flush goes at once and the rest of the
+			// round follows in one or two more: a few requests, not one
+			// each.
+			t.Logf("%d renewals in %d requests: %v", n, len(reqs), reqs)
+			if len(reqs) > n/2 {
+				t.Fatalf("%d renewals went out in %d requests: %v", n, len(reqs), reqs)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("renewals sent: %v; want all %d", reqs, n)
+		}
+		time.Sleep(10 * time.Millisecond) // polling the broker's view: no signal
+	}
 }
