@@ -343,6 +343,7 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 				if ss.ch.IsClosed() {
 					select {
 					case <-ss.dead:
+					case <-ctx.Done():
 					case <-time.After(time.Second):
 					}
 				}
