@@ -28,7 +28,7 @@
 // network), at the price of an ERROR line in the server log per duplicate.
 //
 // A claim fails with a permanent error ([ackwise.Permanent]) for an event ID
-// PostgreSQL cannot store (a NUL byte, an invalid character, too long for
+// or aggregate ID PostgreSQL cannot store (a NUL byte, an invalid character, too long for
 // the index): retrying cannot cure it, so the message is dead-lettered at
 // once. Other failures are transient.
 //

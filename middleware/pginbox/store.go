@@ -252,7 +252,7 @@ func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, ver
 	if err != nil || tag.RowsAffected() == 0 {
 		_ = c.Rollback(context.WithoutCancel(ctx))
 		if err != nil {
-			return nil, false, fmt.Errorf("pginbox: claim version: %w", err)
+			return nil, false, claimError("claim version", err)
 		}
 		return nil, false, nil
 	}
@@ -294,7 +294,7 @@ func (s *Store) claimTop(ctx context.Context, key middleware.InboxKey) (middlewa
 					return nil, false, nil
 				}
 				conn.Release()
-				return nil, false, claimError(err)
+				return nil, false, claimError("claim", err)
 			}
 			return &claim{store: s, tx: tx, conn: conn}, true, nil
 		}
@@ -309,19 +309,20 @@ func (s *Store) claimTop(ctx context.Context, key middleware.InboxKey) (middlewa
 	if err != nil || tag.RowsAffected() == 0 {
 		_ = c.Rollback(context.WithoutCancel(ctx))
 		if err != nil {
-			return nil, false, claimError(err)
+			return nil, false, claimError("claim", err)
 		}
 		return nil, false, nil
 	}
 	return c, true, nil
 }
 
-// claimError wraps a failed claim. A key PostgreSQL can never store (a NUL
-// byte or an invalid character in it, or one too long for the index) is a
-// permanent error: retrying cannot cure it, so the message goes to the dead
-// letters at once instead of after every attempt.
-func claimError(err error) error {
-	err = fmt.Errorf("pginbox: claim: %w", err)
+// claimError wraps a failed claim (inbox or version, top-level or nested). A
+// key PostgreSQL can never store (a NUL byte or an invalid character in it,
+// or one too long for the index) is a permanent error: retrying cannot cure
+// it, so the message goes to the dead letters at once instead of after every
+// attempt.
+func claimError(what string, err error) error {
+	err = fmt.Errorf("pginbox: %s: %w", what, err)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch pgErr.Code {
@@ -357,7 +358,7 @@ func (s *Store) claimNested(ctx context.Context, outer pgx.Tx, sql string, args 
 	if err != nil || tag.RowsAffected() == 0 {
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		if err != nil {
-			return nil, false, fmt.Errorf("pginbox: claim: %w", err)
+			return nil, false, claimError("claim", err)
 		}
 		return nil, false, nil
 	}

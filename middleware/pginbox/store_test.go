@@ -652,3 +652,48 @@ func TestTwoStoresOnOnePoolShareTransaction(t *testing.T) {
 		t.Fatalf("%d effect rows, want 1", n)
 	}
 }
+
+// An aggregate ID or event ID PostgreSQL cannot store fails permanently on
+// every claim path: the version gate's own claim and a claim nested in
+// another claim's transaction (inbox and gate stacked), not only the
+// inbox's top-level claim.
+func TestUnstorableKeysArePermanentOnEveryClaimPath(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	in, err := middleware.Inbox(b.store, middleware.InboxConfig{Consumer: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gate, err := middleware.VersionGate(b.store, middleware.VersionGateConfig{Consumer: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	h := b.effectHandler(&runs, nil)
+	msg := func(id, agg string) *ackwise.Message {
+		m := msgFor(id)
+		m.Key = agg
+		m.Headers.Set(ackwise.HeaderAggregateVersion, "1")
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		h    ackwise.Handler
+		msg  *ackwise.Message
+	}{
+		{"gate alone, NUL aggregate", gate(h), msg("e1", "agg\x00nul")},
+		{"gate inside inbox, NUL aggregate", in(gate(h)), msg("e2", "agg\x00nul")},
+		{"inbox inside gate, NUL event ID", gate(in(h)), msg("e\x00nul", "agg-3")},
+		{"gate alone, invalid UTF-8 aggregate", gate(h), msg("e4", "agg\xff")},
+	} {
+		err := tc.h.Handle(t.Context(), tc.msg)
+		if err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		} else if c := ackwise.ClassOf(err); c != ackwise.ClassPermanent {
+			t.Errorf("%s: %v classified %v, want permanent", tc.name, err, c)
+		}
+	}
+	if n := runs.Load(); n != 0 {
+		t.Errorf("handler ran %d times for unstorable keys, want 0", n)
+	}
+}
