@@ -546,7 +546,7 @@ func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 		return s.settle(msg, kgo.AckRelease)
 	}
 	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
-	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+	if err := produceConfirmed(ctx, s.cl, rec); err != nil {
 		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
 	}
 	return s.settle(msg, kgo.AckAccept)

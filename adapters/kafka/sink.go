@@ -123,6 +123,22 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	return errors.Join(errs...)
 }
 
+// produceConfirmed produces rec and waits for the broker's confirmation, or
+// returns ctx's error when ctx ends first. Not ProduceSync: with idempotent
+// writes franz-go keeps retrying a record it may have sent, past ctx, for as
+// long as the broker is unreachable. The record may still be written after
+// ctx ended (a duplicate, if the caller produces it again).
+func produceConfirmed(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
+	done := make(chan error, 1)
+	cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("not confirmed: %w", ctx.Err())
+	}
+}
+
 // recordHeaders converts m's headers, adding ackwise-event-id from m.ID.
 func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 	n := len(m.Headers)

@@ -1030,7 +1030,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if _, ok := msg.Headers.Lookup(ackwise.HeaderEventID); !ok && msg.ID != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(msg.ID)})
 	}
-	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+	if err := produceConfirmed(ctx, s.cl, rec); err != nil {
 		return fmt.Errorf("kafka: %s: move to retry topic %s: %w", msg.BrokerID, rec.Topic, err)
 	}
 	return s.settle(msg, stSettled)
@@ -1044,7 +1044,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 		return err
 	}
 	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
-	if err := s.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+	if err := produceConfirmed(ctx, s.cl, rec); err != nil {
 		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
 	}
 	return s.settle(msg, stSettled)
