@@ -107,7 +107,9 @@ type Config struct {
 	Logger *slog.Logger
 	// Options are extra franz-go options applied after the adapter's own;
 	// they can override them (at the caller's risk: turning auto-commit back
-	// on breaks invariant 2).
+	// on breaks invariant 2), except that Options turning off idempotent
+	// writes or acks=all are refused (by NewSink and by the sources, whose
+	// retry moves and dead letters are produced with both).
 	Options []kgo.Opt
 }
 

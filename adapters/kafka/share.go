@@ -179,6 +179,10 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}
+	if err := weakerProduce(cl); err != nil { // retry moves and dead letters
+		cl.Close()
+		return nil, err
+	}
 	if err := cl.Ping(ctx); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)

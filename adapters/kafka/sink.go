@@ -46,19 +46,29 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 	}
 	// Options come last, so they could weaken the guarantees the sink
 	// documents: refuse that rather than publish with fewer.
-	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+	if err := weakerProduce(cl); err != nil {
 		cl.Close()
-		return nil, errors.New("kafka: Config.Options disable idempotent writes: the sink produces idempotently, with acks=all")
-	}
-	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
-		cl.Close()
-		return nil, errors.New("kafka: Config.Options set acks other than all: the sink produces idempotently, with acks=all")
+		return nil, err
 	}
 	if err := cl.Ping(ctx); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
 	return &Sink{cfg: cfg, cl: cl}, nil
+}
+
+// weakerProduce reports Config.Options that turned off idempotent writes or
+// acks=all: the sink publishes, and the sources move records to retry and
+// dead-letter topics, with both, confirmed before an offset is committed
+// past.
+func weakerProduce(cl *kgo.Client) error {
+	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
+		return errors.New("kafka: Config.Options disable idempotent writes: records are produced idempotently, with acks=all")
+	}
+	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
+		return errors.New("kafka: Config.Options set acks other than all: records are produced idempotently, with acks=all")
+	}
+	return nil
 }
 
 // Client returns the franz-go client behind the sink.

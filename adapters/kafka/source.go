@@ -178,6 +178,10 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}
+	if err := weakerProduce(cl); err != nil { // retry moves and dead letters
+		cl.Close()
+		return nil, err
+	}
 	if err := cl.Ping(ctx); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
