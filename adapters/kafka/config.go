@@ -223,10 +223,13 @@ func (c Config) validateChain() error {
 	if err := validTopic("DeadLetterTopic", c.DeadLetterTopic); err != nil {
 		return err
 	}
-	if c.DeadLetterTopic == c.Topic {
-		return fmt.Errorf("kafka: Config.DeadLetterTopic = %q: must differ from Topic", c.DeadLetterTopic)
+	// Kafka refuses a topic whose name differs from another's only in '.'
+	// against '_' (their metric names collide): compare names that way.
+	norm := func(t string) string { return strings.ReplaceAll(t, ".", "_") }
+	if norm(c.DeadLetterTopic) == norm(c.Topic) {
+		return fmt.Errorf("kafka: Config.DeadLetterTopic = %q: must differ from Topic %q (also in '.' against '_')", c.DeadLetterTopic, c.Topic)
 	}
-	seen := map[string]bool{c.Topic: true, c.DeadLetterTopic: true}
+	seen := map[string]bool{norm(c.Topic): true, norm(c.DeadLetterTopic): true}
 	for i, t := range c.RetryTiers {
 		if t <= 0 {
 			return fmt.Errorf("kafka: Config.RetryTiers[%d] = %v: must be positive", i, t)
@@ -238,10 +241,10 @@ func (c Config) validateChain() error {
 		if err := validTopic(fmt.Sprintf("RetryTopic(%q, %v)", c.Topic, t), name); err != nil {
 			return err
 		}
-		if seen[name] {
-			return fmt.Errorf("kafka: Config.RetryTopic(%q, %v) = %q: collides with another topic of the chain", c.Topic, t, name)
+		if seen[norm(name)] {
+			return fmt.Errorf("kafka: Config.RetryTopic(%q, %v) = %q: collides with another topic of the chain (also in '.' against '_')", c.Topic, t, name)
 		}
-		seen[name] = true
+		seen[norm(name)] = true
 	}
 	return nil
 }
