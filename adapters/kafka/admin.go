@@ -22,7 +22,8 @@ func CreateTopics(ctx context.Context, cfg Config, partitions int32, replication
 	if err := cfg.validateChain(); err != nil { // or it would create topics named after bad tiers
 		return err
 	}
-	cl, err := kgo.NewClient(cfg.clientOpts()...)
+	// cfg.Options too: they may carry the dialer or the authentication.
+	cl, err := kgo.NewClient(append(cfg.clientOpts(), cfg.Options...)...)
 	if err != nil {
 		return fmt.Errorf("kafka: new client: %w", err)
 	}
