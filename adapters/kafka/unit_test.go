@@ -218,6 +218,12 @@ func TestParseURL(t *testing.T) {
 		// An explicit tls=false is not overridden by a TLS setting.
 		"kafka://h1:9092/orders?tls=false&tls_server_name=kafka.internal",
 		"kafka://h1:9092/orders?revoke_timeout=-2",
+		// An empty value is a mistake, not the default.
+		"kafka://h1:9092/orders?group=g&tiers=",
+		"kafka://h1:9092/orders?group=g&dlq=",
+		"kafka://h1:9092/orders?group=g&retry_prefix=",
+		// A user without sasl would be ignored.
+		"kafka://alice@h1:9092/orders?group=g",
 	}
 	for _, raw := range bad {
 		u, err := url.Parse(raw)

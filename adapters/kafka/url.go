@@ -60,8 +60,8 @@ func init() {
 //   - sasl: plain, scram-sha-256 or scram-sha-512, with the user and
 //     password from the URL's user info.
 //
-// An unknown or repeated parameter is an error, and so is a malformed query
-// (a ';' separator, a bad %-escape). Errors name the bad parameter
+// An unknown, repeated or empty parameter is an error, and so are a malformed
+// query (a ';' separator, a bad %-escape) and a user without sasl. Errors name the bad parameter
 // and never contain the password.
 func ParseURL(u *url.URL) (Config, error) {
 	var cfg Config
@@ -96,6 +96,9 @@ func ParseURL(u *url.URL) (Config, error) {
 		}
 		if len(v) > 1 {
 			return cfg, fmt.Errorf("kafka: URL %s: parameter %q given %d times", adapters.RedactURL(u), k, len(v))
+		}
+		if v[0] == "" {
+			return cfg, fmt.Errorf("kafka: URL %s: parameter %q is empty: give a value or leave it out", adapters.RedactURL(u), k)
 		}
 	}
 	cfg.Group = q.Get("group")
@@ -164,8 +167,8 @@ func ParseURL(u *url.URL) (Config, error) {
 		default:
 			return cfg, fmt.Errorf("kafka: URL parameter sasl = %q: want plain, scram-sha-256 or scram-sha-512", mech)
 		}
-	} else if _, has := u.User.Password(); has {
-		return cfg, fmt.Errorf("kafka: URL %s has a password but no sasl parameter (plain, scram-sha-256 or scram-sha-512)", adapters.RedactURL(u))
+	} else if u.User != nil {
+		return cfg, fmt.Errorf("kafka: URL %s has a user but no sasl parameter (plain, scram-sha-256 or scram-sha-512)", adapters.RedactURL(u))
 	}
 	return cfg, nil
 }
