@@ -12,8 +12,9 @@ import (
 
 // CreateTopics creates every topic of cfg's chain (see [Config.Topics]) with
 // the given partitions and replication factor (-1: the broker's default),
-// leaving topics that exist alone. Retry topics get the same partition count
-// as the topic, so that a retried record keeps its key's partition.
+// leaving topics that exist alone. Retry and dead-letter topics get the same
+// partition count as the topic (the existing topic's, when it exists), so
+// that a retried record keeps its key's partition.
 func CreateTopics(ctx context.Context, cfg Config, partitions int32, replicationFactor int16) error {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(false); err != nil {
@@ -28,7 +29,16 @@ func CreateTopics(ctx context.Context, cfg Config, partitions int32, replication
 		return fmt.Errorf("kafka: new client: %w", err)
 	}
 	defer cl.Close()
-	resp, err := kadm.NewClient(cl).CreateTopics(ctx, partitions, replicationFactor, nil, cfg.Topics()...)
+	adm := kadm.NewClient(cl)
+	// A topic that exists already sets the count for the others.
+	existing, err := adm.ListTopics(ctx, cfg.Topic)
+	if err != nil {
+		return fmt.Errorf("kafka: describe topic %s: %w", cfg.Topic, err)
+	}
+	if d, ok := existing[cfg.Topic]; ok && d.Err == nil && len(d.Partitions) > 0 {
+		partitions = int32(len(d.Partitions))
+	}
+	resp, err := adm.CreateTopics(ctx, partitions, replicationFactor, nil, cfg.Topics()...)
 	if err != nil {
 		return fmt.Errorf("kafka: create topics: %w", err)
 	}

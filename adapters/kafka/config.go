@@ -232,7 +232,7 @@ func (c Config) validateChain() error {
 	seen := map[string]bool{norm(c.Topic): true, norm(c.DeadLetterTopic): true}
 	for i, t := range c.RetryTiers {
 		if t <= 0 {
-			return fmt.Errorf("kafka: Config.RetryTiers[%d] = %v: must be positive", i, t)
+			return fmt.Errorf("kafka: Config.RetryTiers has %v: tiers must be positive", t)
 		}
 		if i > 0 && c.RetryTiers[i-1] == t {
 			return fmt.Errorf("kafka: Config.RetryTiers has %v twice", t)
