@@ -73,6 +73,7 @@ type breakerState struct {
 	open       bool
 	held       []task
 	probe      ackwise.Timer
+	probeGen   uint64 // the current probe timer's; an older one that fires late does nothing
 	probeDelay time.Duration
 	probing    *ackwise.Message
 	trips      int
@@ -87,6 +88,7 @@ func (b *breakerState) stopProbe() {
 		b.probe.Stop()
 		b.probe = nil
 	}
+	b.probeGen++ // a timer that fired already does nothing
 }
 
 func breakerKey(msg *ackwise.Message) string {
@@ -156,7 +158,7 @@ func (c *Consumer) breakerFailure(t task) bool {
 	}
 	b.held = append(b.held, t)
 	if b.probing == nil && b.probe == nil {
-		b.probe = c.clock.AfterFunc(b.probeDelay, c.runProbe)
+		c.scheduleProbe()
 	}
 	return true
 }
@@ -173,7 +175,7 @@ func (c *Consumer) probeEnded() {
 	}
 	if len(b.held) > 0 && !c.stopping.Load() {
 		if b.probe == nil {
-			b.probe = c.clock.AfterFunc(b.probeDelay, c.runProbe)
+			c.scheduleProbe()
 		}
 		return
 	}
@@ -183,13 +185,27 @@ func (c *Consumer) probeEnded() {
 	c.signalSpace()
 }
 
-// runProbe runs one held message to test the dependency.
-func (c *Consumer) runProbe() {
+// scheduleProbe starts the probe timer (with c.mu held).
+func (c *Consumer) scheduleProbe() {
+	b := c.breaker
+	b.probeGen++
+	gen := b.probeGen
+	b.probe = c.clock.AfterFunc(b.probeDelay, func() { c.runProbe(gen) })
+}
+
+// runProbe runs one held message to test the dependency, when gen is the
+// current probe timer's. A timer stopped too late (it fired, and waited for
+// c.mu while the breaker closed and opened again) must neither start a
+// second probe beside the current timer's nor drop that timer.
+func (c *Consumer) runProbe(gen uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.breaker
+	if gen != b.probeGen {
+		return
+	}
 	b.probe = nil
-	if !b.open || c.stopping.Load() || len(b.held) == 0 {
+	if !b.open || c.stopping.Load() || len(b.held) == 0 || b.probing != nil {
 		return
 	}
 	t := b.held[0]
