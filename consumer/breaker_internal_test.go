@@ -27,7 +27,10 @@ func TestStaleProbeTimerDoesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer src.Close()
-	c, err := New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil }), Config{Breaker: &Breaker{Threshold: 1}})
+	// A virtual clock that never moves: the timers only fire when the test
+	// calls runProbe.
+	clock := memory.NewVirtualClock(time.Time{})
+	c, err := New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil }), Config{Clock: clock, Breaker: &Breaker{Threshold: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,10 +38,11 @@ func TestStaleProbeTimerDoesNothing(t *testing.T) {
 	c.mu.Lock()
 	b := c.breaker
 	b.open = true
+	b.probeDelay = time.Hour // the clock never gets there
 	b.held = []task{{msg: held}}
 	c.scheduleProbe() // the old timer: gen 1
 	stale := b.probeGen
-	b.stopProbe() // the breaker closes: stopping fails, the timer fired already
+	b.stopProbe()     // the breaker closes: stopping fails, the timer fired already
 	c.scheduleProbe() // and opens again: the new timer
 	current := b.probe
 	c.mu.Unlock()
