@@ -61,11 +61,24 @@ var ErrUnknownScheme = errors.New("adapters: unknown URL scheme")
 // the password in the path, query, fragment or opaque part, where Redacted
 // shows it. Such a URL (one with '@' in any of those parts) is not shown.
 func RedactURL(u *url.URL) string {
-	if strings.Contains(u.Opaque, "@") || strings.Contains(u.EscapedPath(), "@") ||
-		strings.Contains(u.RawQuery, "@") || strings.Contains(u.EscapedFragment(), "@") {
+	if strings.Contains(u.Opaque, "@") || atAfterHost(u) {
 		return "(not shown: it may hold a password; percent-encode special characters in the user name and password)"
 	}
 	return strconv.Quote(u.Redacted())
+}
+
+// MisplacedUserInfo reports whether u most likely had its user info cut
+// short by an unescaped '/', '?' or '#' in the password, which url.Parse
+// then put in the opaque part, path, query or fragment: an '@' in the
+// opaque part, or one after the host of a URL without user info. An
+// adapter refuses such a URL, before it dials it, without showing it.
+func MisplacedUserInfo(u *url.URL) bool {
+	return strings.Contains(u.Opaque, "@") || u.User == nil && atAfterHost(u)
+}
+
+// atAfterHost reports whether u's path, query or fragment holds an '@'.
+func atAfterHost(u *url.URL) bool {
+	return strings.Contains(u.EscapedPath(), "@") || strings.Contains(u.RawQuery, "@") || strings.Contains(u.EscapedFragment(), "@")
 }
 
 func lookup(rawURL string) (*url.URL, Opener, error) {

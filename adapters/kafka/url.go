@@ -71,12 +71,9 @@ func ParseURL(u *url.URL) (Config, error) {
 	if u.Host == "" {
 		return cfg, fmt.Errorf("kafka: URL %s: no brokers (want kafka://host:9092/topic)", adapters.RedactURL(u))
 	}
-	if strings.Contains(u.Opaque, "@") || strings.Contains(u.Path, "@") ||
-		u.User == nil && (strings.Contains(u.RawQuery, "@") || strings.Contains(u.Fragment, "@")) {
-		// A topic cannot hold '@', and a URL without user info but an '@'
-		// in its query or fragment most likely had its user info end
-		// early at an unescaped '/', '?' or '#' in the password, which
-		// would then be in the path, query or fragment. Do not echo it.
+	if adapters.MisplacedUserInfo(u) || strings.Contains(u.Path, "@") {
+		// A password cut short (see MisplacedUserInfo); and a topic
+		// cannot hold '@' in any case. Do not echo it.
 		return cfg, errors.New("kafka: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it)")
 	}
 	cfg.Brokers = strings.Split(u.Host, ",")

@@ -268,8 +268,7 @@ func parseURL(u *url.URL) (parsedURL, error) {
 // the password, which is now in the path, query or fragment (the host may
 // hold its start). Do not echo any of it, nor dial it.
 func misplacedPassword(u *url.URL) error {
-	if strings.Contains(u.Opaque, "@") || u.User == nil &&
-		(strings.Contains(u.EscapedPath(), "@") || strings.Contains(u.RawQuery, "@") || strings.Contains(u.EscapedFragment(), "@")) {
+	if adapters.MisplacedUserInfo(u) {
 		return errors.New("rabbitmq: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it, and a literal '@' as %40)")
 	}
 	return nil
