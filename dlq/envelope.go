@@ -148,7 +148,7 @@ func (e Envelope) Encode(h *ackwise.Headers) {
 // again) are replaced.
 func (e Envelope) Apply(headers ackwise.Headers) ackwise.Headers {
 	out := withoutEnvelope(headers, 12)
-	out = slices.DeleteFunc(out, func(kv ackwise.Header) bool { return IsSecretHeader(kv.Key) })
+	out = withoutSecrets(out)
 	e.Encode(&out)
 	return out
 }
@@ -161,6 +161,11 @@ func (e Envelope) Apply(headers ackwise.Headers) ackwise.Headers {
 var SecretHeaders = []string{
 	"authorization", "proxy-authorization", "cookie", "set-cookie",
 	"x-api-key", "x-auth-token", "x-amz-security-token",
+}
+
+// withoutSecrets removes the SecretHeaders from h, in place.
+func withoutSecrets(h ackwise.Headers) ackwise.Headers {
+	return slices.DeleteFunc(h, func(kv ackwise.Header) bool { return IsSecretHeader(kv.Key) })
 }
 
 // IsSecretHeader reports whether key is one of SecretHeaders.

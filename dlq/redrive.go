@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"slices"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -428,7 +427,7 @@ func redriveCopy(msg *ackwise.Message) *ackwise.Message {
 	h.Del(ackwise.HeaderFirstFailure)
 	// Apply leaves credentials out of a dead letter; one written otherwise
 	// (by an older release, another tool) still goes back without them.
-	h = slices.DeleteFunc(h, func(kv ackwise.Header) bool { return IsSecretHeader(kv.Key) })
+	h = withoutSecrets(h)
 	if len(h) == 0 {
 		h = nil
 	}
