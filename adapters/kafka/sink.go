@@ -99,10 +99,16 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		r.Headers = recordHeaders(m)
 		recs[i] = r
 	}
-	// Not ProduceSync: with idempotent writes franz-go keeps retrying a
-	// record it may have sent, past ctx, for as long as the broker is
-	// unreachable. Publish returns when ctx ends; the records may still be
-	// written later (a duplicate, if the caller publishes them again).
+	return produceConfirmed(ctx, s.cl, recs, func(err error) error { return produceError(s.cfg.Topic, err) })
+}
+
+// produceConfirmed produces recs and waits for the broker to confirm them
+// all, returning their errors (up to 10), or ctx's error when ctx ends
+// first; wrap, when not nil, is applied to each. Not ProduceSync: with idempotent
+// writes franz-go keeps retrying a record it may have sent, past ctx, for as
+// long as the broker is unreachable. The records may still be written after
+// ctx ended (a duplicate, if the caller produces them again).
+func produceConfirmed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, wrap func(error) error) error {
 	var (
 		mu   sync.Mutex
 		errs []error
@@ -110,11 +116,14 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	)
 	wg.Add(len(recs))
 	for _, r := range recs {
-		s.cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
+		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			if err != nil {
+				if wrap != nil {
+					err = wrap(err)
+				}
 				mu.Lock()
 				if len(errs) < 10 {
-					errs = append(errs, produceError(s.cfg.Topic, err))
+					errs = append(errs, err)
 				}
 				mu.Unlock()
 			}
@@ -126,27 +135,15 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		return fmt.Errorf("kafka: produce to %s: not confirmed: %w", s.cfg.Topic, ctx.Err())
+		err := fmt.Errorf("not confirmed: %w", ctx.Err())
+		if wrap != nil {
+			err = wrap(err)
+		}
+		return err
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	return errors.Join(errs...)
-}
-
-// produceConfirmed produces rec and waits for the broker's confirmation, or
-// returns ctx's error when ctx ends first. Not ProduceSync: with idempotent
-// writes franz-go keeps retrying a record it may have sent, past ctx, for as
-// long as the broker is unreachable. The record may still be written after
-// ctx ended (a duplicate, if the caller produces it again).
-func produceConfirmed(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
-	done := make(chan error, 1)
-	cl.Produce(ctx, rec, func(_ *kgo.Record, err error) { done <- err })
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("not confirmed: %w", ctx.Err())
-	}
 }
 
 // recordHeaders converts m's headers, adding ackwise-event-id from m.ID.
