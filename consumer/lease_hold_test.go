@@ -17,54 +17,42 @@ import (
 // it): it is delivered once, run twice and acked once.
 func TestRetryAfterLongerThanLeaseInPlace(t *testing.T) {
 	t.Parallel()
-	clock, br, src := leasedQueue(t)
-	var runs atomic.Int64
-	again := make(chan struct{})
-	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		if runs.Add(1) == 1 {
-			return ackwise.RetryAfter(errors.New("429"), 5*time.Minute)
-		}
-		close(again)
-		return nil
-	})
-	c, err := consumer.New(src, h, consumer.Config{Clock: clock, RetryMode: consumer.RetryInPlace})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := run(t, c)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := br.Publish(ctx, "q", &ackwise.Message{ID: "m"}); err != nil {
-		t.Fatal(err)
-	}
-	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Retried == 1 }) {
-		t.Fatalf("not retried: %+v", c.Stats())
-	}
-	advanceUntil(ctx, t, clock, 350*time.Second, again)
-	waitIdleQueue(t, c, br, "q")
-	if err := stop(); err != nil {
-		t.Fatal(err)
-	}
-	if st := c.Stats(); st.Acked != 1 || st.SettleFailed != 0 || st.Received != 1 || runs.Load() != 2 {
-		t.Fatalf("stats %+v, runs %d: want received once, run twice, acked once", st, runs.Load())
-	}
+	failOnceKeepsDelivery(t, ackwise.RetryAfter(errors.New("429"), 5*time.Minute),
+		func(clock ackwise.Clock) consumer.Config {
+			return consumer.Config{Clock: clock, RetryMode: consumer.RetryInPlace}
+		},
+		"retried", func(s consumer.Stats) bool { return s.Retried == 1 }, 350*time.Second)
 }
 
 // TestBreakerHeldBeyondLease: a message the open breaker holds for
 // longer than the lease keeps its delivery until the probe succeeds.
 func TestBreakerHeldBeyondLease(t *testing.T) {
 	t.Parallel()
+	failOnceKeepsDelivery(t, errors.New("down"),
+		func(clock ackwise.Clock) consumer.Config {
+			return consumer.Config{Clock: clock, Breaker: &consumer.Breaker{Threshold: 1, ProbeInterval: 2 * time.Minute}}
+		},
+		"held", func(s consumer.Stats) bool { return s.Held == 1 }, 200*time.Second)
+}
+
+// failOnceKeepsDelivery runs a consumer (configured by cfg) on a leased
+// queue with a handler that fails once with first, then succeeds. Once the
+// consumer reports the failure (waiting), virtual time moves on, up to
+// limit, until the second run: the message must have been received once,
+// run twice and acked once, its lease kept by the heartbeat meanwhile.
+func failOnceKeepsDelivery(t *testing.T, first error, cfg func(ackwise.Clock) consumer.Config, what string, waiting func(consumer.Stats) bool, limit time.Duration) {
+	t.Helper()
 	clock, br, src := leasedQueue(t)
 	var runs atomic.Int64
 	again := make(chan struct{})
 	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
 		if runs.Add(1) == 1 {
-			return errors.New("down")
+			return first
 		}
 		close(again)
 		return nil
 	})
-	c, err := consumer.New(src, h, consumer.Config{Clock: clock, Breaker: &consumer.Breaker{Threshold: 1, ProbeInterval: 2 * time.Minute}})
+	c, err := consumer.New(src, h, cfg(clock))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,10 +62,10 @@ func TestBreakerHeldBeyondLease(t *testing.T) {
 	if err := br.Publish(ctx, "q", &ackwise.Message{ID: "m"}); err != nil {
 		t.Fatal(err)
 	}
-	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Held == 1 }) {
-		t.Fatalf("not held: %+v", c.Stats())
+	if !waitStats(c, 5*time.Second, waiting) {
+		t.Fatalf("not %s: %+v", what, c.Stats())
 	}
-	advanceUntil(ctx, t, clock, 200*time.Second, again)
+	advanceUntil(ctx, t, clock, limit, again)
 	waitIdleQueue(t, c, br, "q")
 	if err := stop(); err != nil {
 		t.Fatal(err)
