@@ -2,14 +2,10 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"strings"
 	"testing"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
@@ -26,22 +22,7 @@ func TestRabbitMQQuorumRedriveStartsAtAttemptOne(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs RabbitMQ")
 	}
-	conn, err := amqp.Dial(rabbitURL() + "/")
-	if err != nil {
-		t.Fatalf("RabbitMQ unreachable: %v", errors.Unwrap(err))
-	}
-	t.Cleanup(func() { conn.Close() })
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	queue := "ackwise-cli-quorum-" + hex.EncodeToString(b[:])
-	t.Cleanup(func() {
-		for _, q := range []string{queue, queue + ".dlq"} {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(q, false, false, false)
-				ch.Close()
-			}
-		}
-	})
+	_, queue := freshRabbitQueue(t, "ackwise-cli-quorum-")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	workURL := rabbitURL() + "/" + queue

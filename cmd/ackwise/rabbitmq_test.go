@@ -38,26 +38,7 @@ func TestRabbitMQRoundTrip(t *testing.T) {
 		t.Skip("needs RabbitMQ; -short runs offline tests only")
 	}
 	t.Parallel()
-	conn, err := amqp.Dial(rabbitURL() + "/")
-	if err != nil {
-		t.Fatalf("RabbitMQ unreachable (start it with rabbitmq-server -detached): %v", errors.Unwrap(err))
-	}
-	t.Cleanup(func() { conn.Close() }) // after the queues are deleted
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	queue := "ackwise-cli-test-" + hex.EncodeToString(b[:])
-	t.Cleanup(func() {
-		qs := []string{queue, queue + ".dlq"}
-		for _, tier := range rabbitmq.TiersFor(retry.Policy{}) {
-			qs = append(qs, rabbitmq.WaitQueueName(queue, tier))
-		}
-		for _, q := range qs {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(q, false, false, false)
-				ch.Close()
-			}
-		}
-	})
+	conn, queue := freshRabbitQueue(t, "ackwise-cli-test-")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	workURL := rabbitURL() + "/" + queue
@@ -152,4 +133,32 @@ func TestRabbitMQRoundTrip(t *testing.T) {
 	if q.Messages != 1 {
 		t.Fatalf("dead-letter queue holds %d messages, want 1", q.Messages)
 	}
+}
+
+// freshRabbitQueue returns a connection to RabbitMQ and a unique queue name
+// whose queues (the queue, its dead-letter queue and its wait queues) are
+// deleted when t ends. It fails t when RabbitMQ cannot be reached.
+func freshRabbitQueue(t *testing.T, prefix string) (*amqp.Connection, string) {
+	t.Helper()
+	conn, err := amqp.Dial(rabbitURL() + "/")
+	if err != nil {
+		t.Fatalf("RabbitMQ unreachable (start it with rabbitmq-server -detached): %v", errors.Unwrap(err))
+	}
+	t.Cleanup(func() { conn.Close() }) // after the queues are deleted
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	queue := prefix + hex.EncodeToString(b[:])
+	t.Cleanup(func() {
+		qs := []string{queue, queue + ".dlq"}
+		for _, tier := range rabbitmq.TiersFor(retry.Policy{}) {
+			qs = append(qs, rabbitmq.WaitQueueName(queue, tier))
+		}
+		for _, q := range qs {
+			if ch, err := conn.Channel(); err == nil {
+				_, _ = ch.QueueDelete(q, false, false, false)
+				ch.Close()
+			}
+		}
+	})
+	return conn, queue
 }
