@@ -57,12 +57,19 @@ type Source struct {
 	closing chan struct{}
 
 	commitMu sync.Mutex // serializes commits: periodic, on revoke, on close
-	rewindMu sync.Mutex // serializes rewinds of partitions to released records
-	kick     chan struct{}
-	stop     chan struct{}
-	done     chan struct{}
-	closeMu  sync.Mutex
-	closeErr error
+	// rewindMu serializes rewinds of partitions to released records, and
+	// the group callbacks' changes of a partition's ownership with them
+	// (taken before mu): a rewind's SetOffsets lands while the partition it
+	// checked is still owned, never on its next assignment.
+	rewindMu sync.Mutex
+	// Test hooks, nil outside tests: a rewind checked ownership and calls
+	// SetOffsets next; onRevoked was entered.
+	testRewindChecked, testRevoking func()
+	kick                            chan struct{}
+	stop                            chan struct{}
+	done                            chan struct{}
+	closeMu                         sync.Mutex
+	closeErr                        error
 }
 
 type topicPartition struct {
@@ -208,6 +215,8 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 	if err != nil {
 		s.log.Warn("kafka: cannot read commit metadata; settled records above the committed offsets will be redelivered", "group", s.cfg.Group, "err", err)
 	}
+	s.rewindMu.Lock()
+	defer s.rewindMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var unpause map[string][]int32
@@ -244,6 +253,10 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 // stop at once, running handlers get RevokeTimeout to settle, then what is
 // settled is committed synchronously.
 func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[string][]int32) {
+	if s.testRevoking != nil {
+		s.testRevoking()
+	}
+	s.rewindMu.Lock()
 	s.mu.Lock()
 	var ps []*partition
 	var waits []chan struct{}
@@ -264,6 +277,7 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 		}
 	}
 	s.mu.Unlock()
+	s.rewindMu.Unlock()
 	if len(ps) == 0 {
 		return
 	}
@@ -309,6 +323,7 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 // onLost marks partitions gone without committing: the group already gave
 // them to someone else.
 func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
+	s.rewindMu.Lock()
 	s.mu.Lock()
 	var ps []*partition
 	for t, ids := range lost {
@@ -320,6 +335,7 @@ func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int
 	}
 	s.dropLocked(cl, ps)
 	s.mu.Unlock()
+	s.rewindMu.Unlock()
 	s.log.Warn("kafka: partitions lost", "group", s.cfg.Group, "partitions", lost)
 }
 
@@ -936,10 +952,18 @@ func (s *Source) rewind(p *partition) {
 	if off < 0 {
 		return // redelivered meanwhile
 	}
-	// Not under s.mu: SetOffsets takes the client's consumer lock, which
-	// its group management may hold while it calls onRevoked (which takes
-	// s.mu). A rewind of a partition revoked meanwhile is ignored by the
-	// client; at worst records are fetched again and skipped.
+	if s.testRewindChecked != nil {
+		s.testRewindChecked()
+	}
+	// Under rewindMu, which the group callbacks take before they change
+	// p.own: p stays owned until SetOffsets returns. Without it, p could be
+	// revoked and assigned to this member again in between, and the
+	// SetOffsets, recorded against the new assignment's offset fetch,
+	// would skip the records the revoke left unsettled below off (those of
+	// handlers that outlived RevokeTimeout). Not under s.mu: SetOffsets
+	// takes the client's consumer lock; franz-go calls no group callback
+	// with that lock held, so this waits on nothing that waits on
+	// rewindMu.
 	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.topic: {p.id: {Epoch: -1, Offset: off}}})
 }
 
