@@ -46,7 +46,9 @@ const DefaultShareLease = 30 * time.Second
 // source renews the locks of the records it holds back every sixth of the
 // lease until it hands them out; from then on the engine's heartbeat renews
 // them. The source sends the acks queued meanwhile at the same pace, and a
-// renewal at once.
+// renewal at once. (franz-go can still grant one fetch while a poll
+// returns; a record of it whose lock ran out in the client's buffer by the
+// next poll is released, not delivered.)
 //
 // The broker applies the acknowledgements of one partition in one request
 // all or nothing: a single status it refuses (a record whose lock ran out)
@@ -163,7 +165,8 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 		kgo.ConsumeTopics(cfg.Topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// At most batch records per fetch, and no fetching ahead: every
-		// record the broker locks for this member is one Receive polled.
+		// record the broker locks for this member is one Receive polled
+		// (but for franz-go's race that releaseStale handles).
 		// (Not ShareMaxRecordsStrict: splitting the producer's batches
 		// made kfake count a released record's delivery twice.)
 		kgo.ShareMaxRecords(batch),
@@ -360,12 +363,25 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		s.mu.Lock()
 		if len(s.pending) > 0 {
 			n := 0
+			var stale []*shareReceipt
+			now := time.Now()
 			for n < len(buf) && len(s.pending) > 0 {
-				buf[n] = shareMessage(s.pending[0], s.lease, s.renewedAt)
+				m := shareMessage(s.pending[0], s.lease, s.renewedAt)
 				s.pending = s.pending[1:]
+				if rc := m.Handle.(*shareReceipt); rc.expired(now) {
+					stale = append(stale, rc)
+					continue
+				}
+				buf[n] = m
 				n++
 			}
 			s.mu.Unlock()
+			if len(stale) > 0 {
+				s.releaseStale(stale)
+			}
+			if n == 0 {
+				continue
+			}
 			return n, nil
 		}
 		if s.outstanding > 0 {
@@ -402,6 +418,24 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		s.renewedAt = time.Time{}
 		s.outstanding = len(recs)
 		s.mu.Unlock()
+	}
+}
+
+// releaseStale gives the records whose lock ran out before they were handed
+// out a status of their own (a release, which the broker refuses; it
+// redelivers them either way) instead of delivering them: a handler would
+// run on a record the broker may already have given to another member.
+// Only records franz-go fetched ahead get here: the source polls only when
+// everything it holds is settled, but franz-go's strict-pull gate can grant
+// the next fetch while a poll is returning, and those records wait in the
+// client's buffer, where nobody can renew them, until the next poll.
+func (s *ShareSource) releaseStale(stale []*shareReceipt) {
+	s.log.Warn("kafka: share records outlived their lock in the client's buffer before delivery; released for redelivery",
+		"group", s.cfg.Group, "records", len(stale), "lock", s.lease)
+	for _, rc := range stale {
+		rc.settled.Store(true)
+		s.sendAlone(rc, kgo.AckRelease)
+		s.done()
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
@@ -118,4 +119,45 @@ func shortLockCluster(t *testing.T, lockMs, limit string) []string {
 	}
 	t.Cleanup(c.Close)
 	return c.ListenAddrs()
+}
+
+// TestShareStaleBufferedRecordsNotDelivered: franz-go can grant one more
+// share fetch while a poll returns, and its records wait in the client's
+// buffer, locked, with nobody renewing them, until the source polls again.
+// A record whose lock ran out meanwhile must not be handed to a handler
+// (the broker may have given it to another member): the source releases
+// it and delivers it when the broker does again, at its next attempt. The
+// test takes the place of that fetch: it polls the source's client itself
+// and files the records as the source's next poll would.
+func TestShareStaleBufferedRecordsNotDelivered(t *testing.T) {
+	t.Parallel()
+	brokers := shortLockCluster(t, "1000", "5")
+	cfg := testConfig(t, brokers, 1)
+	publishN(t, openSink(t, cfg), 2, func(int) string { return "k" })
+	src := openShare(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	var recs []*kgo.Record
+	for len(recs) < 2 {
+		fs := src.Client().PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("polled %d records: %v", len(recs), err)
+		}
+		recs = append(recs, fs.Records()...)
+	}
+	// The locks' deadlines are what this test is about: wait them out.
+	time.Sleep(time.Until(recs[len(recs)-1].AcquisitionDeadline()) + 50*time.Millisecond)
+	src.mu.Lock()
+	src.pending, src.outstanding = recs, len(recs)
+	src.mu.Unlock()
+	buf := make([]*ackwise.Message, 2)
+	n, err := src.Receive(ctx, buf)
+	if err != nil || n == 0 {
+		t.Fatalf("Receive = %d, %v", n, err)
+	}
+	for _, m := range buf[:n] {
+		if m.Attempt < 2 {
+			t.Fatalf("%s delivered at attempt %d after its lock ran out in the client's buffer; want it released and delivered again", m.BrokerID, m.Attempt)
+		}
+	}
 }
