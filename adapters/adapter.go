@@ -87,7 +87,11 @@ type Source interface {
 	Release(ctx context.Context, msg *ackwise.Message) error
 
 	// ExtendLease pushes msg's lease to d from now. Sources without
-	// Capabilities.ExtendLease return nil and do nothing.
+	// Capabilities.ExtendLease return nil and do nothing. The engine's
+	// heartbeat runs concurrently with settles, so ExtendLease can arrive
+	// after msg was settled: it must then change nothing (a released or
+	// nacked message is not held for the lease) and return nil or
+	// ErrReceiptInvalid.
 	ExtendLease(ctx context.Context, msg *ackwise.Message, d time.Duration) error
 
 	// Valid reports whether msg is still this consumer's to handle (its Kafka

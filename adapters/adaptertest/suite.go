@@ -49,6 +49,7 @@ func Run(t *testing.T, h Harness) {
 		{"InFlightBounded", testInFlightBounded},
 		{"BatchAckSettles", testBatchAck},
 		{"LeaseExtendedOrExpired", testLease},
+		{"ExtendAfterSettleChangesNothing", testExtendAfterSettle},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -759,5 +760,75 @@ func testLease(t *testing.T, h Harness) {
 	buf := make([]*ackwise.Message, 1)
 	if n, _ := b.Receive(wait, buf); n > 0 {
 		t.Fatalf("received %s (attempt %d) after both were acked; waited %v since the redelivery began", buf[0].ID, buf[0].Attempt, time.Since(start))
+	}
+}
+
+// testExtendAfterSettle: the engine's heartbeat extends leases concurrently
+// with settles, so an ExtendLease can reach the source after the message
+// was settled. It must change nothing: a released (or nacked without
+// delay) message is still delivered again at once, not held for the lease
+// the late extension asked for, and an acked one never comes back.
+func testExtendAfterSettle(t *testing.T, h Harness) {
+	const lease = 2 * time.Second
+	f := h.Open(t, FixtureConfig{Lease: lease})
+	src := f.NewSource(t)
+	caps := src.Capabilities()
+	if !caps.ExtendLease {
+		t.Log("the source cannot extend a lease (Capabilities.ExtendLease false): nothing to check")
+		return
+	}
+	n := 2
+	if caps.Delay {
+		n = 3
+	}
+	in := batch(n, n)
+	publish(t, f, in)
+	got := map[string]*ackwise.Message{}
+	for len(got) < n {
+		m := receiveOne(t, src)
+		got[m.ID] = m
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	acked, released := got[in[0].ID], got[in[1].ID]
+	if err := src.Ack(ctx, acked); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Release(ctx, released); err != nil {
+		t.Fatal(err)
+	}
+	settled := []*ackwise.Message{acked, released}
+	want := map[string]bool{released.ID: true}
+	if caps.Delay {
+		nacked := got[in[2].ID]
+		if err := src.Nack(ctx, nacked, 0); err != nil {
+			t.Fatal(err)
+		}
+		settled = append(settled, nacked)
+		want[nacked.ID] = true
+	}
+	extendedAt := time.Now()
+	for _, m := range settled {
+		if err := src.ExtendLease(ctx, m, caps.Lease); err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) {
+			t.Fatalf("ExtendLease of settled %s: %v, want nil or ErrReceiptInvalid", m.ID, err)
+		}
+	}
+	// The redeliveries come well before the extended lease would end.
+	wait, cancelWait := context.WithTimeout(ctx, caps.Lease*3/4)
+	defer cancelWait()
+	buf := make([]*ackwise.Message, 1)
+	for len(want) > 0 {
+		k, err := src.Receive(wait, buf)
+		if k == 0 {
+			t.Fatalf("%v not delivered again %v after it was settled and then extended (err %v): the late extension held it", want, time.Since(extendedAt), err)
+		}
+		m := buf[0]
+		if !want[m.ID] {
+			t.Fatalf("received %s (attempt %d): it was acked before the late extension", m.ID, m.Attempt)
+		}
+		delete(want, m.ID)
+		if err := src.Ack(ctx, m); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
