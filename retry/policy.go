@@ -35,9 +35,9 @@ type Policy struct {
 	// MaxInterval caps any one delay. Zero means DefaultMaxInterval (10m).
 	MaxInterval time.Duration
 	// Jitter is the randomization factor in [0, 1]: a delay d becomes a random
-	// value in [d*(1-Jitter), d*(1+Jitter)], which spreads out retries of
-	// messages that failed together. Zero means DefaultJitter (0.5); NoJitter
-	// (-1) turns it off.
+	// value in [d*(1-Jitter), d*(1+Jitter)], no more than MaxInterval, which
+	// spreads out retries of messages that failed together. Zero means
+	// DefaultJitter (0.5); NoJitter (-1) turns it off.
 	Jitter float64
 	// Tiers, when set, replaces the exponential schedule: the delay after
 	// failed attempt n is Tiers[n-1], and the last tier repeats. Retry-topic
@@ -134,16 +134,31 @@ func (p Policy) BackOff() backoff.BackOff {
 	return p.WithDefaults().newBackOff()
 }
 
-func (p Policy) newBackOff() *backoff.ExponentialBackOff {
+func (p Policy) newBackOff() *capped {
 	jitter := p.Jitter
 	if jitter == NoJitter {
 		jitter = 0
 	}
-	return backoff.NewExponentialBackOff(
+	return &capped{ExponentialBackOff: backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(p.InitialInterval),
 		backoff.WithMultiplier(p.Multiplier),
 		backoff.WithMaxInterval(p.MaxInterval),
 		backoff.WithRandomizationFactor(jitter),
 		backoff.WithMaxElapsedTime(0),
-	)
+	)}
+}
+
+// capped keeps every wait of the exponential schedule at or below
+// MaxInterval: backoff.ExponentialBackOff caps the interval before it adds
+// jitter, so a capped interval came out up to MaxInterval*(1+jitter).
+type capped struct {
+	*backoff.ExponentialBackOff
+}
+
+func (c *capped) NextBackOff() time.Duration {
+	d := c.ExponentialBackOff.NextBackOff()
+	if d != backoff.Stop && d > c.MaxInterval {
+		d = c.MaxInterval
+	}
+	return d
 }

@@ -88,3 +88,25 @@ func TestValidateNamesFieldAndValue(t *testing.T) {
 		t.Fatalf("zero policy invalid: %v", err)
 	}
 }
+
+// TestJitterNeverExceedsMaxInterval: MaxInterval caps any one delay, jitter
+// included. Before, a capped delay was jittered upward past the cap (up to
+// MaxInterval × (1+Jitter): 15m under the 10m default), both in Delay and in
+// the BackOff the producer waits with.
+func TestJitterNeverExceedsMaxInterval(t *testing.T) {
+	t.Parallel()
+	p := retry.Policy{InitialInterval: time.Second, MaxInterval: 2 * time.Second, Jitter: 0.5}
+	for range 200 {
+		for attempt := 1; attempt <= 6; attempt++ {
+			if d := p.Delay(attempt); d > p.MaxInterval {
+				t.Fatalf("Delay(%d) = %v above MaxInterval %v", attempt, d, p.MaxInterval)
+			}
+		}
+		b := p.BackOff()
+		for n := 1; n <= 6; n++ {
+			if d := b.NextBackOff(); d > p.MaxInterval {
+				t.Fatalf("BackOff wait %d = %v above MaxInterval %v", n, d, p.MaxInterval)
+			}
+		}
+	}
+}
