@@ -42,6 +42,15 @@ func New(sink adapters.Sink, cfg Config) (*Publisher, error) {
 	if sink == nil {
 		return nil, errors.New("producer: sink is nil")
 	}
+	// The producer's own interval defaults come before Validate, which
+	// would otherwise hold an InitialInterval to the policy's default
+	// MaxInterval instead of this one, which follows it.
+	if cfg.Retry.InitialInterval == 0 {
+		cfg.Retry.InitialInterval = 100 * time.Millisecond
+	}
+	if cfg.Retry.MaxInterval == 0 {
+		cfg.Retry.MaxInterval = max(5*time.Second, cfg.Retry.InitialInterval)
+	}
 	if err := cfg.Retry.Validate(); err != nil {
 		return nil, fmt.Errorf("producer: Retry: %w", err)
 	}
@@ -50,12 +59,6 @@ func New(sink adapters.Sink, cfg Config) (*Publisher, error) {
 	}
 	if cfg.Retry.MaxAttempts == 0 {
 		cfg.Retry.MaxAttempts = DefaultMaxAttempts
-	}
-	if cfg.Retry.InitialInterval == 0 {
-		cfg.Retry.InitialInterval = 100 * time.Millisecond
-	}
-	if cfg.Retry.MaxInterval == 0 {
-		cfg.Retry.MaxInterval = max(5*time.Second, cfg.Retry.InitialInterval)
 	}
 	if cfg.NewID == nil {
 		cfg.NewID = NewEventID

@@ -76,3 +76,12 @@ func TestRetryAfterBeyondMaxIntervalReturns(t *testing.T) {
 		t.Fatalf("RetryAfterOf(err) = %v, %v; want 1h, true", d, ok)
 	}
 }
+
+// An InitialInterval above the retry package's default MaxInterval (10m) is
+// accepted by the producer, whose default MaxInterval follows InitialInterval.
+func TestLongInitialIntervalAccepted(t *testing.T) {
+	t.Parallel()
+	if _, err := producer.New(&throttledSink{}, producer.Config{Retry: retry.Policy{InitialInterval: 20 * time.Minute}}); err != nil {
+		t.Fatalf("New = %v", err)
+	}
+}

@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -80,8 +81,9 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("retry: Multiplier = %v: must be at least 1", p.Multiplier)
 	case p.MaxInterval < 0:
 		return fmt.Errorf("retry: MaxInterval = %v: must not be negative", p.MaxInterval)
-	case p.MaxInterval > 0 && p.InitialInterval > p.MaxInterval:
-		return fmt.Errorf("retry: InitialInterval = %v is above MaxInterval = %v", p.InitialInterval, p.MaxInterval)
+	case p.InitialInterval > cmp.Or(p.MaxInterval, DefaultMaxInterval):
+		// A zero MaxInterval is DefaultMaxInterval, and caps as much.
+		return fmt.Errorf("retry: InitialInterval = %v is above MaxInterval = %v", p.InitialInterval, cmp.Or(p.MaxInterval, DefaultMaxInterval))
 	case p.Jitter != NoJitter && (p.Jitter < 0 || p.Jitter > 1):
 		return fmt.Errorf("retry: Jitter = %v: must be in [0, 1] or -1 (none)", p.Jitter)
 	}

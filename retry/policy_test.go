@@ -110,3 +110,20 @@ func TestJitterNeverExceedsMaxInterval(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateInitialAboveDefaultMaxInterval: a MaxInterval left at zero
+// means DefaultMaxInterval (10m) and caps the schedule as much as an explicit
+// one, so an InitialInterval above it is refused like an explicit
+// MaxInterval below it. Before, it passed and the policy silently ran 1h,
+// then 10m, 10m… (now that the cap holds with jitter: 10m from the first).
+func TestValidateInitialAboveDefaultMaxInterval(t *testing.T) {
+	t.Parallel()
+	p := retry.Policy{InitialInterval: time.Hour}
+	const want = "InitialInterval = 1h0m0s is above MaxInterval = 10m0s"
+	if err := p.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("Validate(%+v) = %v, want %q (schedule it would run: %v, %v)", p, err, want, p.Delay(1), p.Delay(2))
+	}
+	if err := (retry.Policy{InitialInterval: retry.DefaultMaxInterval}).Validate(); err != nil {
+		t.Fatalf("InitialInterval = DefaultMaxInterval refused: %v", err)
+	}
+}
