@@ -55,33 +55,39 @@ type classified struct {
 	after time.Duration
 }
 
-func (e *classified) Error() string {
-	if e.err == nil {
-		return e.class.String()
-	}
-	return e.err.Error()
-}
+func (e *classified) Error() string { return e.err.Error() }
 
 func (e *classified) Unwrap() error { return e.err }
 
 // Permanent marks err as permanent: the message goes to the dead-letter
 // destination at once, without retries. The mark survives %w wrapping.
+// Permanent(nil) is nil, as with backoff.Permanent, so that
+// `return ackwise.Permanent(validate(msg))` succeeds for a valid message.
 func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
 	return &classified{err: err, class: ClassPermanent}
 }
 
 // RetryAfter marks err as rate-limited: the message is retried after d
 // instead of the retry policy's backoff (an HTTP 429 with Retry-After). The
 // attempt still counts toward the policy's maximum. A d of zero or less uses
-// the policy's backoff.
+// the policy's backoff. RetryAfter(nil, d) is nil.
 func RetryAfter(err error, d time.Duration) error {
+	if err == nil {
+		return nil
+	}
 	return &classified{err: err, class: ClassRateLimited, after: d}
 }
 
 // Discard marks err as discardable: the message is acknowledged and dropped,
 // counted but not dead-lettered. Use it for messages that are obsolete, not for
-// ones that are broken.
+// ones that are broken. Discard(nil) is nil: the message is handled.
 func Discard(err error) error {
+	if err == nil {
+		return nil
+	}
 	return &classified{err: err, class: ClassDiscard}
 }
 

@@ -124,3 +124,20 @@ func TestChainOrder(t *testing.T) {
 		t.Fatalf("order %v", trace)
 	}
 }
+
+// TestMarkNilIsNil: marking a nil error gives nil, as backoff.Permanent
+// does, so `return ackwise.Permanent(validate(msg))` succeeds for a valid
+// message. Before, it returned a non-nil error and every valid message was
+// dead-lettered (Discard: dropped; RetryAfter: retried).
+func TestMarkNilIsNil(t *testing.T) {
+	t.Parallel()
+	for name, err := range map[string]error{
+		"Permanent":  ackwise.Permanent(nil),
+		"Discard":    ackwise.Discard(nil),
+		"RetryAfter": ackwise.RetryAfter(nil, time.Second),
+	} {
+		if err != nil {
+			t.Errorf("%s(nil) = %v (class %v), want nil", name, err, ackwise.ClassOf(err))
+		}
+	}
+}
