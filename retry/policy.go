@@ -36,8 +36,9 @@ type Policy struct {
 	// MaxInterval caps any one delay. Zero means DefaultMaxInterval (10m).
 	MaxInterval time.Duration
 	// Jitter is the randomization factor in [0, 1]: a delay d becomes a random
-	// value in [d*(1-Jitter), d*(1+Jitter)], no more than MaxInterval, which
-	// spreads out retries of messages that failed together. Zero means
+	// value in [d*(1-Jitter), d*(1+Jitter)], which spreads out retries of
+	// messages that failed together; a value above MaxInterval is mirrored
+	// below it (2*MaxInterval - value), so delays at the cap stay spread. Zero means
 	// DefaultJitter (0.5); NoJitter (-1) turns it off.
 	Jitter float64
 	// Tiers, when set, replaces the exponential schedule: the delay after
@@ -152,7 +153,10 @@ func (p Policy) newBackOff() *capped {
 
 // capped keeps every wait of the exponential schedule at or below
 // MaxInterval: backoff.ExponentialBackOff caps the interval before it adds
-// jitter, so a capped interval came out up to MaxInterval*(1+jitter).
+// jitter, so a capped interval came out up to MaxInterval*(1+jitter). A wait
+// above MaxInterval is mirrored below it rather than cut to it: cut, half
+// the retries at the cap would fall due at the same instant, which is what
+// jitter is there to prevent.
 type capped struct {
 	*backoff.ExponentialBackOff
 }
@@ -160,7 +164,7 @@ type capped struct {
 func (c *capped) NextBackOff() time.Duration {
 	d := c.ExponentialBackOff.NextBackOff()
 	if d != backoff.Stop && d > c.MaxInterval {
-		d = c.MaxInterval
+		d = max(2*c.MaxInterval-d, 0)
 	}
 	return d
 }

@@ -127,3 +127,25 @@ func TestValidateInitialAboveDefaultMaxInterval(t *testing.T) {
 		t.Fatalf("InitialInterval = DefaultMaxInterval refused: %v", err)
 	}
 }
+
+// TestJitterAtTheCapStaysSpread: delays at MaxInterval are still spread by
+// jitter, not cut to the cap (which would make half the retries of messages
+// that failed together fall due at the same instant).
+func TestJitterAtTheCapStaysSpread(t *testing.T) {
+	t.Parallel()
+	p := retry.Policy{InitialInterval: time.Second, MaxInterval: 2 * time.Second, Jitter: 0.5}
+	atCap := 0
+	const n = 400
+	for range n {
+		d := p.Delay(6) // 32s before the cap
+		if d < time.Second || d > p.MaxInterval {
+			t.Fatalf("Delay(6) = %v, want within [MaxInterval*(1-Jitter), MaxInterval] = [1s, 2s]", d)
+		}
+		if d == p.MaxInterval {
+			atCap++
+		}
+	}
+	if atCap > n/20 {
+		t.Fatalf("%d of %d delays exactly at MaxInterval: jitter no longer spreads them", atCap, n)
+	}
+}
