@@ -51,6 +51,15 @@ func TestCallerTraceparentKept(t *testing.T) {
 	if got := msg.Headers.Get(ackwise.HeaderTraceparent); got != orig {
 		t.Fatalf("traceparent %q overwritten (tracestate left: %q), want %q", got, msg.Headers.Get("tracestate"), orig)
 	}
+	// In another case too: the consumer matches traceparent in any case,
+	// and would follow a second, lowercase one added beside it.
+	fwd := &ackwise.Message{ID: "e2", Headers: ackwise.HeadersOf("Traceparent", orig)}
+	if err := p.Publish(ctx, fwd); err != nil {
+		t.Fatal(err)
+	}
+	if fwd.Headers.Has(ackwise.HeaderTraceparent) {
+		t.Fatalf("a second traceparent added beside the forwarded Traceparent: %v", fwd.Headers)
+	}
 }
 
 // TestLastErrorKeptOnCancel: when ctx ends while Publish waits for the next

@@ -2,6 +2,7 @@ package producer
 
 import (
 	"context"
+	"strings"
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -22,8 +23,13 @@ func InjectTrace(ctx context.Context, msg *ackwise.Message) {
 	if msg == nil || !trace.SpanContextFromContext(ctx).IsValid() {
 		return
 	}
-	if _, ok := msg.Headers.Lookup(ackwise.HeaderTraceparent); ok {
-		return
+	for _, h := range msg.Headers {
+		// Any case: the consumer's tracing middleware matches
+		// traceparent case-insensitively, and would follow a second,
+		// lowercase one added beside a forwarded "Traceparent".
+		if strings.EqualFold(h.Key, ackwise.HeaderTraceparent) {
+			return
+		}
 	}
 	propagation.TraceContext{}.Inject(ctx, &msg.Headers)
 }
