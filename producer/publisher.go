@@ -22,8 +22,9 @@ const DefaultMaxAttempts = 3
 type Config struct {
 	// Retry says how often and how late a failed publish is tried again.
 	// Zero MaxAttempts means DefaultMaxAttempts (3); InitialInterval defaults
-	// to 100ms here, MaxInterval to 5s. Unlimited is refused: a publish must
-	// end.
+	// to 100ms here, MaxInterval to 5s (or InitialInterval, if longer).
+	// Unlimited is refused: a publish must end; so are Tiers, which are for
+	// redelivery through a broker (a publish waits in process).
 	Retry retry.Policy
 	// NewID returns a new event ID. Default NewEventID (a UUIDv7).
 	NewID func() string
@@ -53,6 +54,9 @@ func New(sink adapters.Sink, cfg Config) (*Publisher, error) {
 	}
 	if err := cfg.Retry.Validate(); err != nil {
 		return nil, fmt.Errorf("producer: Retry: %w", err)
+	}
+	if len(cfg.Retry.Tiers) > 0 {
+		return nil, fmt.Errorf("producer: Retry.Tiers = %v: a publish retries in process on the exponential schedule; set InitialInterval, Multiplier and MaxInterval instead", cfg.Retry.Tiers)
 	}
 	if cfg.Retry.MaxAttempts == retry.Unlimited {
 		return nil, fmt.Errorf("producer: Retry.MaxAttempts = %d: a publish must end; give a positive number", cfg.Retry.MaxAttempts)

@@ -121,6 +121,11 @@ func TestConfigErrors(t *testing.T) {
 	if _, err := producer.New(sink, producer.Config{Retry: retry.Policy{Jitter: 3}}); err == nil || !strings.Contains(err.Error(), "Jitter = 3") {
 		t.Errorf("bad jitter: %v", err)
 	}
+	// Tiers are for redelivery through a broker; a publish retries in
+	// process, and used to ignore them silently.
+	if _, err := producer.New(sink, producer.Config{Retry: retry.Policy{Tiers: []time.Duration{time.Second}}}); err == nil || !strings.Contains(err.Error(), "Retry.Tiers") {
+		t.Errorf("tiers: %v", err)
+	}
 	p, _ := producer.New(sink, producer.Config{})
 	if err := p.Publish(context.Background(), nil); err == nil {
 		t.Error("nil message accepted")
