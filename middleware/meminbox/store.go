@@ -107,8 +107,12 @@ func (s *Store) Version(key middleware.VersionKey) (int64, bool) {
 }
 
 // Prune deletes the inbox records committed more than olderThan ago and
-// returns how many it deleted. Versions are never pruned.
+// returns how many it deleted. Versions are never pruned. A negative
+// olderThan deletes nothing (the SQL stores refuse it).
 func (s *Store) Prune(olderThan time.Duration) int {
+	if olderThan < 0 {
+		return 0
+	}
 	cutoff := s.clock.Now().Add(-olderThan)
 	s.mu.Lock()
 	defer s.mu.Unlock()

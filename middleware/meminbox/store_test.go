@@ -39,6 +39,9 @@ func TestPruneRemovesOnlyExpired(t *testing.T) {
 	commit("old")
 	clock.now = clock.now.Add(2 * time.Hour)
 	commit("new")
+	if n := s.Prune(-time.Hour); n != 0 {
+		t.Fatalf("Prune(-1h) removed %d records, want 0 (a negative retention deleted everything)", n)
+	}
 	if n := s.Prune(time.Hour); n != 1 {
 		t.Fatalf("Prune removed %d records, want 1", n)
 	}
