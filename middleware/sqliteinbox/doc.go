@@ -6,7 +6,11 @@
 // writes its effects through ([Tx]), and commits with them or not at all.
 // SQLite allows one writer at a time, so claims are serialized: expect
 // hundreds to a few thousand messages per second, not the throughput of a
-// server database.
+// server database. The write lock is held for the whole handler (the claim
+// commits with the effects), so with several workers a claim waits for the
+// other handlers to finish; one that waits longer than the busy timeout
+// fails as a transient error and spends an attempt. Keep handlers short, or
+// run one worker per SQLite file, or use pginbox.
 //
 //	db, err := sqliteinbox.Open("app.db")
 //	store, err := sqliteinbox.New(db, sqliteinbox.Config{})
