@@ -64,7 +64,8 @@ type Config struct {
 	// RevokeTimeout bounds how long a revocation waits for handlers running
 	// on the revoked partitions to settle before committing and releasing
 	// them. Zero means DefaultRevokeTimeout (10s); -1 means do not wait. It
-	// must stay below the group's rebalance timeout (franz-go default 60s).
+	// must stay below the group's rebalance timeout (franz-go default 60s,
+	// kgo.RebalanceTimeout in Options): NewSource refuses one that does not.
 	RevokeTimeout time.Duration
 	// PollBatch, when positive, is the most records the source takes from
 	// the client in one poll and holds until Receive hands them out

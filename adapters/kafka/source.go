@@ -189,6 +189,13 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		cl.Close()
 		return nil, err
 	}
+	// A revoke that waits for handlers as long as the rebalance timeout
+	// (Config.Options may set it) gets the member evicted: its final
+	// commit is refused and what was settled meanwhile is redelivered.
+	if rt, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && cfg.RevokeTimeout >= rt {
+		cl.Close()
+		return nil, fmt.Errorf("kafka: Config.RevokeTimeout = %v (revoke_timeout in a URL): must be below the group's rebalance timeout %v (kgo.RebalanceTimeout), or a slow handler gets the member evicted", cfg.RevokeTimeout, rt)
+	}
 	if err := cl.Ping(ctx); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)

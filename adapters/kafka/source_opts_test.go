@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,5 +28,50 @@ func TestSourceRefusesWeakerOptions(t *testing.T) {
 			_ = src.Close()
 			t.Errorf("%s: NewSource accepted it", name)
 		}
+	}
+}
+
+// TestSourceRefusesRevokeTimeoutPastRebalanceTimeout: a revoke that waits
+// for handlers as long as the group's rebalance timeout (franz-go's
+// kgo.RebalanceTimeout, 60s by default) gets the member evicted from the
+// group, its revoke commit refused, and what its handlers settled meanwhile
+// redelivered. Config.RevokeTimeout documents that it must stay below the
+// rebalance timeout; NewSource refuses a config that breaks that, naming
+// the field, instead of accepting it silently.
+func TestSourceRefusesRevokeTimeoutPastRebalanceTimeout(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	for name, c := range map[string]struct {
+		revoke time.Duration
+		opts   []kgo.Opt
+	}{
+		"default rebalance timeout": {revoke: 2 * time.Minute},
+		"equal to it":               {revoke: time.Minute},
+		"shorter rebalance timeout": {opts: []kgo.Opt{kgo.RebalanceTimeout(5 * time.Second)}}, // RevokeTimeout's default, 10s
+	} {
+		cfg := Config{Brokers: brokers, Topic: uniq("t"), Group: "g", RevokeTimeout: c.revoke, Options: c.opts}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		src, err := NewSource(ctx, cfg)
+		cancel()
+		if err == nil {
+			_ = src.Close()
+			t.Errorf("%s: NewSource accepted RevokeTimeout %v (0: the default)", name, cfg.RevokeTimeout)
+			continue
+		}
+		if !strings.Contains(err.Error(), "Config.RevokeTimeout") {
+			t.Errorf("%s: error %q does not name Config.RevokeTimeout", name, err)
+		}
+	}
+	// Below it, and -1 (no wait), are fine.
+	for _, revoke := range []time.Duration{-1, 30 * time.Second} {
+		cfg := Config{Brokers: brokers, Topic: uniq("t"), Group: "g", RevokeTimeout: revoke}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		src, err := NewSource(ctx, cfg)
+		cancel()
+		if err != nil {
+			t.Errorf("RevokeTimeout %v: %v", revoke, err)
+			continue
+		}
+		_ = src.Close()
 	}
 }
