@@ -224,6 +224,9 @@ func TestParseURL(t *testing.T) {
 		"kafka://h1:9092/orders?group=g&retry_prefix=",
 		// A user without sasl would be ignored.
 		"kafka://alice@h1:9092/orders?group=g",
+		// sasl with a user but no password failed only when connecting.
+		"kafka://alice@h1:9092/orders?group=g&sasl=plain",
+		"kafka://alice@h1:9092/orders?group=g&sasl=scram-sha-256",
 	}
 	for _, raw := range bad {
 		u, err := url.Parse(raw)

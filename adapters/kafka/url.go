@@ -150,9 +150,9 @@ func ParseURL(u *url.URL) (Config, error) {
 	cfg.TLS = tlsCfg
 	if mech := q.Get("sasl"); mech != "" {
 		user := u.User.Username()
-		pass, _ := u.User.Password()
-		if user == "" {
-			return cfg, fmt.Errorf("kafka: URL parameter sasl = %q needs a user in the URL (kafka://user:password@host/...)", mech)
+		pass, hasPass := u.User.Password()
+		if user == "" || !hasPass {
+			return cfg, fmt.Errorf("kafka: URL parameter sasl = %q needs a user and a password in the URL (kafka://user:password@host/...)", mech)
 		}
 		switch strings.ToLower(mech) {
 		case "plain":
