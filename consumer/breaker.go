@@ -17,13 +17,15 @@ const (
 	DefaultMaxProbeInterval = time.Minute
 )
 
-// Breaker tells a dependency outage from a poison message. When transient
-// failures of Threshold different keys follow one another with no success
-// between them, the dependency is taken to be down: the consumer stops
-// receiving, holds the failed messages in flight without spending their
+// Breaker tells a dependency outage from a poison message. When transient or
+// rate-limited failures of Threshold different keys follow one another with
+// no success between them, the dependency is taken to be down: the consumer
+// stops receiving, holds the failed messages in flight without spending their
 // attempts, and every ProbeInterval (doubling up to MaxProbeInterval) runs
-// one held message as a probe. The first success closes the breaker, runs the
-// held messages again and resumes receiving. A lone failing message never
+// one held message as a probe. A probe never runs sooner than the RetryAfter
+// delay of the failure that opened the breaker or of the failed probe before
+// it: the dependency said when to come back. The first success closes the
+// breaker, runs the held messages again and resumes receiving. A lone failing message never
 // trips it, because the successes of other messages reset the count or its
 // own repeats count as one key; it goes through retries to the dead-letter
 // destination as usual.
@@ -131,9 +133,11 @@ func (c *Consumer) breakerSuccess() {
 	c.signalSpace()
 }
 
-// breakerFailure records a transient failure of t's message. It returns
-// true when the breaker is (now) open and the message is held.
-func (c *Consumer) breakerFailure(t task) bool {
+// breakerFailure records a transient or rate-limited failure of t's
+// message; after is the delay a rate-limited failure asked for (zero for
+// none). It returns true when the breaker is (now) open and the message is
+// held.
+func (c *Consumer) breakerFailure(t task, after time.Duration) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	b := c.breaker
@@ -158,7 +162,7 @@ func (c *Consumer) breakerFailure(t task) bool {
 	}
 	b.held = append(b.held, t)
 	if b.probing == nil && b.probe == nil {
-		c.scheduleProbe()
+		c.scheduleProbe(after)
 	}
 	return true
 }
@@ -175,7 +179,7 @@ func (c *Consumer) probeEnded() {
 	}
 	if len(b.held) > 0 && !c.stopping.Load() {
 		if b.probe == nil {
-			c.scheduleProbe()
+			c.scheduleProbe(0)
 		}
 		return
 	}
@@ -185,12 +189,14 @@ func (c *Consumer) probeEnded() {
 	c.signalSpace()
 }
 
-// scheduleProbe starts the probe timer (with c.mu held).
-func (c *Consumer) scheduleProbe() {
+// scheduleProbe starts the probe timer (with c.mu held): after the probe
+// delay, or after, the RetryAfter delay of the failure that armed it, when
+// longer.
+func (c *Consumer) scheduleProbe(after time.Duration) {
 	b := c.breaker
 	b.probeGen++
 	gen := b.probeGen
-	b.probe = c.clock.AfterFunc(b.probeDelay, func() { c.runProbe(gen) })
+	b.probe = c.clock.AfterFunc(max(b.probeDelay, after), func() { c.runProbe(gen) })
 }
 
 // runProbe runs one held message to test the dependency, when gen is the

@@ -40,10 +40,10 @@ func TestStaleProbeTimerDoesNothing(t *testing.T) {
 	b.open = true
 	b.probeDelay = time.Hour // the clock never gets there
 	b.held = []task{{msg: held}}
-	c.scheduleProbe() // the old timer: gen 1
+	c.scheduleProbe(0) // the old timer: gen 1
 	stale := b.probeGen
-	b.stopProbe()     // the breaker closes: stopping fails, the timer fired already
-	c.scheduleProbe() // and opens again: the new timer
+	b.stopProbe()      // the breaker closes: stopping fails, the timer fired already
+	c.scheduleProbe(0) // and opens again: the new timer
 	current := b.probe
 	c.mu.Unlock()
 	defer current.Stop()

@@ -423,7 +423,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	case ackwise.ClassPermanent:
 		return c.deadLetter(sctx, msg, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
 	}
-	if c.breaker != nil && c.breakerFailure(t) {
+	if c.breaker != nil && c.breakerFailure(t, cl.After) {
 		// The dependency looks down: hold the message without spending an
 		// attempt; the breaker probes with it later.
 		return true
