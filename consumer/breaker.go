@@ -25,10 +25,10 @@ const (
 // one held message as a probe. A probe never runs sooner than the RetryAfter
 // delay of the failure that opened the breaker or of the failed probe before
 // it: the dependency said when to come back. The first success closes the
-// breaker, runs the held messages again and resumes receiving. A lone failing message never
-// trips it, because the successes of other messages reset the count or its
-// own repeats count as one key; it goes through retries to the dead-letter
-// destination as usual.
+// breaker, runs the held messages again and resumes receiving. A lone
+// failing message never trips it, because the successes of other messages
+// reset the count or its own repeats count as one key; it goes through
+// retries to the dead-letter destination as usual.
 //
 // Held messages count against MaxInFlight and keep their leases extended
 // where the broker allows. The zero value means the documented defaults.

@@ -20,7 +20,10 @@ var ErrRunning = errors.New("consumer: already running")
 
 // ErrDrainTimeout is returned by Run when handlers were still running after
 // the drain deadline and a grace period after their context was cancelled.
-// Their messages are left unsettled for the broker to redeliver.
+// Their messages are not settled by Run: a handler that returns later still
+// has its message settled then, if the source is still open; otherwise the
+// broker redelivers it. Until those handlers return, Run returns
+// ErrRunning.
 var ErrDrainTimeout = errors.New("consumer: drain timed out: handlers still running")
 
 // Consumer runs a handler on the messages of one source. Create it with New.
@@ -184,7 +187,8 @@ func (c *Consumer) Stats() Stats {
 // the broker unacknowledged. It returns nil after a clean drain, the
 // source's error wrapping adapters.ErrClosed if the source closed under it,
 // or ErrDrainTimeout. A Consumer runs once at a time; it may be run again
-// after Run returned.
+// after Run returned (after ErrDrainTimeout, once the handlers it left
+// running returned).
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return ErrRunning

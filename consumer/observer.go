@@ -20,8 +20,8 @@ const (
 	// Discarded: the handler returned a discard error; the message was
 	// acknowledged and dropped.
 	Discarded
-	// Released: the message was handed back unsettled (shutdown, lost
-	// receipt, breaker pause).
+	// Released: the message was handed back unsettled (shutdown, including
+	// messages the open breaker held; a lost receipt).
 	Released
 	// SettleFailed: the broker refused the settle call; it will redeliver.
 	SettleFailed
