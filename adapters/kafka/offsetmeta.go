@@ -3,6 +3,7 @@ package kafka
 import (
 	"encoding/base64"
 	"encoding/binary"
+	"strconv"
 	"strings"
 )
 
@@ -13,8 +14,15 @@ import (
 // max.bytes, 4096 by default); the set is cut to fit, which only means more
 // replays, never a loss.
 
-// metaPrefix marks ackwise's metadata; other metadata is ignored.
-const metaPrefix = "ackwise1:"
+// metaPrefix marks ackwise's metadata; other metadata is ignored. After it
+// comes the committed offset the set was encoded against, then ":" and the
+// set: a tool that moves the committed offset and copies the metadata along
+// (kadm's FetchOffsets, edit, CommitOffsets does) leaves a base that no
+// longer matches, and the set is ignored. Read against the new offset, its
+// deltas would name other records, and the next owner would skip records
+// nobody settled. ("ackwise1:" metadata, without the base, is ignored for
+// the same reason: its records are redelivered once.)
+const metaPrefix = "ackwise2:"
 
 // maxMetaBytes keeps the encoded metadata under Kafka's default limit.
 const maxMetaBytes = 3000
@@ -24,27 +32,34 @@ func encodeSettled(base int64, offs []int64) string {
 	if len(offs) == 0 {
 		return ""
 	}
+	head := metaPrefix + strconv.FormatInt(base, 10) + ":"
 	buf := make([]byte, 0, len(offs)*2)
 	prev := base
 	var tmp [binary.MaxVarintLen64]byte
 	for _, o := range offs {
 		n := binary.PutUvarint(tmp[:], uint64(o-prev))
-		if base64.RawURLEncoding.EncodedLen(len(buf)+n)+len(metaPrefix) > maxMetaBytes {
+		if base64.RawURLEncoding.EncodedLen(len(buf)+n)+len(head) > maxMetaBytes {
 			break
 		}
 		buf = append(buf, tmp[:n]...)
 		prev = o
 	}
-	return metaPrefix + base64.RawURLEncoding.EncodeToString(buf)
+	return head + base64.RawURLEncoding.EncodeToString(buf)
 }
 
 // decodeSettled is the inverse of encodeSettled; it returns nil for metadata
-// it does not recognize.
+// it does not recognize or that was encoded against another base than the
+// committed offset base.
 func decodeSettled(base int64, meta string) map[int64]struct{} {
-	if !strings.HasPrefix(meta, metaPrefix) {
+	rest, ok := strings.CutPrefix(meta, metaPrefix)
+	if !ok {
 		return nil
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(meta[len(metaPrefix):])
+	at, set, ok := strings.Cut(rest, ":")
+	if !ok || at != strconv.FormatInt(base, 10) {
+		return nil
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(set)
 	if err != nil {
 		return nil
 	}
