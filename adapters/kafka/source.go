@@ -607,7 +607,10 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 			if len(p.held) > 0 || due.After(now) {
 				seq := p.track(r.Offset, r.LeaderEpoch, false)
 				p.held = append(p.held, heldRecord{rec: r, seq: seq, due: due})
-				if !p.paused {
+				// Not while a released record waits to be fetched
+				// again (see rewind): it would wait for the held
+				// records to come due.
+				if !p.paused && p.firstReleased() < 0 {
 					p.paused = true
 					if pause == nil {
 						pause = make(map[string][]int32)
@@ -972,6 +975,17 @@ func (s *Source) rewind(p *partition) {
 	// with that lock held, so this waits on nothing that waits on
 	// rewindMu.
 	s.cl.SetOffsets(map[string]map[int32]kgo.EpochOffset{p.topic: {p.id: {Epoch: -1, Offset: off}}})
+	// A retry partition paused for records not yet due would fetch the
+	// released record only once they all came due, a whole tier later:
+	// resume it (deliverPending does not pause it again while a released
+	// record waits). What is fetched again is skipped as seen, held
+	// records included.
+	s.mu.Lock()
+	if p.paused {
+		p.paused = false
+		resumeLocked(s.cl, map[string][]int32{p.topic: {p.id}})
+	}
+	s.mu.Unlock()
 }
 
 // Recycle takes back the memory of messages for reuse by later deliveries.

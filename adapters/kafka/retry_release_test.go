@@ -1,0 +1,69 @@
+package kafka
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+)
+
+// TestReleaseOnHeldRetryPartitionRedelivers: a retry partition is paused
+// while a record waits for its due time. A record of it released meanwhile
+// (the engine releases one whose move to the next tier failed) used to wait
+// for the paused partition to resume, once every held record came due: up
+// to a whole tier. It is delivered again at once.
+func TestReleaseOnHeldRetryPartitionRedelivers(t *testing.T) {
+	t.Parallel()
+	// With room for one message the later record is held (and the
+	// partition paused) after the release; with room for two, before it.
+	for _, room := range []int{1, 2} {
+		t.Run("room="+strconv.Itoa(room), func(t *testing.T) {
+			t.Parallel()
+			releaseHeldRetry(t, room)
+		})
+	}
+}
+
+func releaseHeldRetry(t *testing.T, room int) {
+	brokers := newCluster(t)
+	const tier = time.Hour
+	cfg := testConfig(t, brokers, 1, tier)
+	src := openSource(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	retryTopic := DefaultRetryTopic(cfg.Topic, tier)
+	rec := func(id string, due time.Time) *kgo.Record {
+		return &kgo.Record{Topic: retryTopic, Key: []byte(id), Value: []byte("v"), Headers: []kgo.RecordHeader{
+			{Key: ackwise.HeaderEventID, Value: []byte(id)},
+			{Key: ackwise.HeaderAttempt, Value: []byte("2")},
+			{Key: HeaderRetryDue, Value: []byte(strconv.FormatInt(due.UnixMilli(), 10))},
+			{Key: HeaderRetryGroup, Value: []byte(cfg.Group)},
+			{Key: HeaderOriginalTopic, Value: []byte(cfg.Topic)},
+			{Key: HeaderOriginalPartition, Value: []byte("0")},
+			{Key: HeaderOriginalOffset, Value: []byte("0")},
+		}}
+	}
+	if err := src.Client().ProduceSync(ctx, rec("due", time.Now()), rec("later", time.Now().Add(tier))).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]*ackwise.Message, room)
+	if n, err := src.Receive(ctx, buf); n != 1 || err != nil || buf[0].ID != "due" {
+		t.Fatalf("Receive = %d, %v", n, err)
+	}
+	if err := src.Release(ctx, buf[0]); err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer rcancel()
+	n, err := src.Receive(rctx, buf)
+	if n != 1 || err != nil {
+		t.Fatalf("the released retry record was not delivered again within 10s while a record due in %v was held: n=%d err=%v", tier, n, err)
+	}
+	if buf[0].ID != "due" {
+		t.Fatalf("delivered %s, want the released record", buf[0].ID)
+	}
+}
