@@ -72,9 +72,11 @@ var urlParams = map[string]string{
 // The path is the queue (the vhost is the vhost parameter, default "/").
 // Schemes: amqp, amqps (TLS) and rabbit (amqp, or TLS with tls=true). TLS
 // parameters: tls_ca, tls_cert, tls_key (PEM files), tls_server_name,
-// tls_insecure_skip_verify. Other parameters: dlq, consumer_timeout,
-// consumer_timeout_warn, heartbeat (Go durations), connection_name. Unknown
-// parameters are an error. Errors never contain the password.
+// tls_insecure_skip_verify. Other parameters: plain (true: consume the queue
+// as it is, Config.Plain), dlq, consumer_timeout, consumer_timeout_warn,
+// heartbeat (Go durations), connection_name. exchange and routing_key are for
+// sinks (SinkConfigFromURL). Unknown parameters are an error. Errors never
+// contain the password.
 func ConfigFromURL(u *url.URL) (Config, error) {
 	p, err := parseURL(u)
 	if err != nil {

@@ -2,7 +2,7 @@
 // handler while the consumer is crashed at the worst moment — after the card
 // was charged, before the ack — and a few orders carry poison payloads.
 //
-// By default it runs on the in-memory broker and needs no service:
+// It runs on the in-memory broker and needs no service:
 //
 //	go run ./examples/checkout
 //
