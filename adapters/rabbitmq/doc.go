@@ -107,7 +107,10 @@
 // dropped quietly); a basic.nack fails it with ErrNacked. Returns are matched
 // to messages by message-id, exchange and routing key; the sink's
 // message-id is the event ID. The sink marks a publish the broker refused
-// by closing the channel (404, 403, 406) ackwise.Permanent.
+// by closing the channel (404, 403, 406) ackwise.Permanent. AMQP does not
+// say which message of the channel was refused, so the unconfirmed messages
+// are then sent again each alone on a channel of its own: only the refused
+// one fails, not the other calls that shared the channel.
 //
 // # Recovery
 //

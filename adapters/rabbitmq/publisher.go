@@ -262,13 +262,118 @@ func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() e
 		case <-ctx.Done():
 			return fmt.Errorf("rabbitmq: %d of %d messages unconfirmed: %w", len(todo), len(msgs), ctx.Err())
 		}
-		// A soft (channel-level) error is the broker refusing what was
-		// published, such as a missing exchange (404): sending it again
-		// would fail again.
+		// A soft (channel-level) error is the broker refusing one of the
+		// messages published on the channel, such as one to a missing
+		// exchange (404) or with a malformed header (406). AMQP does not say
+		// which: the channel is shared, and the messages of other calls
+		// died with it unconfirmed. Send each of ours again alone, on a
+		// channel of its own, so that a refusal fails only the message that
+		// caused it.
 		var ae *amqp.Error
 		if errors.As(s.err, &ae) && ae.Recover {
-			return fmt.Errorf("rabbitmq: the broker closed the channel: %w", s.err)
+			return p.publishEachAlone(ctx, msgs, todo, abort, void)
 		}
+	}
+}
+
+// publishEachAlone publishes msgs[todo...] one at a time, each alone on a
+// channel of its own, and returns the refusals.
+func (p *publisher) publishEachAlone(ctx context.Context, msgs []outgoing, todo []int, abort func() error, void <-chan struct{}) error {
+	var errs []error
+	for _, k := range todo {
+		err := p.publishAlone(ctx, &msgs[k], abort, void)
+		switch {
+		case err == nil:
+		case ctx.Err() != nil, errors.Is(err, adapters.ErrClosed), errors.Is(err, errVoid), errors.Is(err, adapters.ErrReceiptInvalid):
+			return err
+		default:
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// publishAlone publishes m alone on a new channel of the current
+// connection, sending it again on the next connection when the connection
+// dies first.
+func (p *publisher) publishAlone(ctx context.Context, m *outgoing, abort func() error, void <-chan struct{}) error {
+	for {
+		if abort != nil {
+			if err := abort(); err != nil {
+				return err
+			}
+		}
+		s, err := p.session(ctx, void)
+		if errors.Is(err, errVoid) {
+			return voided(abort)
+		}
+		if err != nil {
+			return err
+		}
+		if err := s.publishAlone(ctx, m); !errors.Is(err, errConnLost) {
+			return err
+		}
+		select {
+		case <-s.dead:
+		case <-void:
+			return voided(abort)
+		case <-ctx.Done():
+			return fmt.Errorf("rabbitmq: 1 message unconfirmed: %w", ctx.Err())
+		}
+	}
+}
+
+// publishAlone publishes m on a channel of s's connection that carries
+// nothing else, and waits for its confirm: a channel-level refusal then
+// names m. It returns errConnLost when the connection died first.
+func (s *pubSession) publishAlone(ctx context.Context, m *outgoing) error {
+	ch, err := s.conn.Channel()
+	if err != nil {
+		if errors.Is(err, amqp.ErrClosed) || s.conn.IsClosed() {
+			return errConnLost
+		}
+		return fmt.Errorf("rabbitmq: open a channel: %w", err)
+	}
+	defer ch.Close()
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 1))
+	returns := ch.NotifyReturn(make(chan amqp.Return, 1))
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	closed := func() error {
+		if e := <-closes; e != nil && e.Recover {
+			return fmt.Errorf("rabbitmq: the broker closed the channel: %w", e)
+		}
+		return errConnLost
+	}
+	if err := ch.Confirm(false); err != nil {
+		if ch.IsClosed() {
+			return closed()
+		}
+		return fmt.Errorf("rabbitmq: enable publisher confirms: %w", err)
+	}
+	if err := ch.PublishWithContext(ctx, m.exchange, m.key, true, false, m.pub); err != nil {
+		if ch.IsClosed() || errors.Is(err, amqp.ErrClosed) {
+			return closed()
+		}
+		return fmt.Errorf("rabbitmq: publish to exchange %q routing key %q: %w", m.exchange, m.key, err)
+	}
+	select {
+	case c, ok := <-confirms:
+		if !ok {
+			return closed()
+		}
+		// amqp091-go hands a basic.return over before the basic.ack of
+		// the same message, from one goroutine.
+		select {
+		case r := <-returns:
+			return fmt.Errorf("%w: exchange %q routing key %q: %d %s", ErrUnroutable, r.Exchange, r.RoutingKey, r.ReplyCode, r.ReplyText)
+		default:
+		}
+		if !c.Ack {
+			return fmt.Errorf("%w (basic.nack): exchange %q routing key %q", ErrNacked, m.exchange, m.key)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("rabbitmq: waiting for publisher confirms: %w", ctx.Err())
 	}
 }
 
