@@ -189,6 +189,14 @@ func TestSinkConfigFromURL(t *testing.T) {
 	if err != nil || sc.Exchange != "events" || sc.RoutingKey != "orders.created" || decl != nil {
 		t.Fatalf("got %+v %+v %v", sc, decl, err)
 	}
+	// A queue in the path and an exchange or routing key: one of them was
+	// silently dropped.
+	for _, raw := range []string{"amqp://broker/orders?exchange=events&routing_key=x", "amqp://broker/orders?routing_key=other"} {
+		u, _ = url.Parse(raw)
+		if _, _, err := SinkConfigFromURL(u); err == nil || !strings.Contains(err.Error(), "a sink publishes to one") {
+			t.Errorf("%s: %v, want an error naming both destinations", raw, err)
+		}
+	}
 	if _, err := (SinkConfig{URL: "amqp://broker/"}).validate(); err == nil || !strings.Contains(err.Error(), "RoutingKey") {
 		t.Fatalf("default exchange without routing key: %v", err)
 	}

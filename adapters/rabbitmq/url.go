@@ -90,14 +90,19 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 
 // SinkConfigFromURL builds a SinkConfig from a URL like ConfigFromURL's:
 // the path is the queue to publish to through the default exchange, or the
-// exchange and routing_key parameters name the destination. With
-// declare=true it also returns the Config whose topology to declare first.
+// exchange and routing_key parameters name the destination; not both,
+// except with declare=true, which also returns the Config whose topology
+// (the path's queue) to declare first.
 func SinkConfigFromURL(u *url.URL) (SinkConfig, *Config, error) {
 	p, err := parseURL(u)
 	if err != nil {
 		return SinkConfig{}, nil, err
 	}
 	c := p.cfg
+	if p.queue != "" && (p.exchange != "" || p.routingKey != "") && !c.DeclareTopology {
+		// One of the two destinations would be dropped without a word.
+		return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %s names queue %q in its path and exchange %q routing_key %q: a sink publishes to one; drop the path, or the parameters (with declare=true the path is the queue to declare)", adapters.RedactURL(u), p.queue, p.exchange, p.routingKey)
+	}
 	sc := SinkConfig{URL: c.URL, TLS: c.TLS, Exchange: p.exchange, RoutingKey: p.routingKey, Heartbeat: c.Heartbeat, ConnectionName: c.ConnectionName}
 	if sc.RoutingKey == "" && sc.Exchange == "" {
 		if p.queue == "" {
