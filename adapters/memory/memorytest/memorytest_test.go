@@ -272,3 +272,38 @@ func TestWaitBeforeTheTopicExists(t *testing.T) {
 	}
 	<-done
 }
+
+// The broker's own redrive after MaxReceives is not a consumer handling the
+// message: a key whose first message was never handled (its leases ran out
+// until the broker gave up) must fail RequireHandledInOrder.
+func TestHandledInOrderIgnoresBrokerRedrive(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	if err := tb.b.CreateQueue("f", memory.QueueConfig{FIFO: true, MaxReceives: 1, Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := tb.b.QueueSource("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	memorytest.Publish(t, tb.b, "f", memorytest.Msg("a", "k", ""), memorytest.Msg("b", "k", ""))
+	if m := memorytest.Receive(t, src, 1)[0]; m.ID != "a" {
+		t.Fatalf("got %q, want a", m.ID)
+	}
+	// The consumer never settles a: its lease runs out and, MaxReceives used
+	// up, the next Receive has the broker move it to f.dlq and deliver b.
+	tb.clk.Advance(time.Minute)
+	m := memorytest.Receive(t, src, 1)[0]
+	if m.ID != "b" {
+		t.Fatalf("got %q, want b", m.ID)
+	}
+	if err := src.Ack(tb.ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	memorytest.RequireDeadLettered(t, tb.b, "f", "a", dlq.ReasonMaxAttempts)
+	msg := mustFail(t, func(tb2 testing.TB) { memorytest.RequireHandledInOrder(tb2, tb.b, "f", "k") })
+	if !strings.Contains(msg, `published ["a" "b"] but settled ["b"]`) {
+		t.Fatalf("message %q", msg)
+	}
+}
