@@ -240,11 +240,16 @@ func RequireDeliveries(t testing.TB, b *memory.Broker, dest, id string, n int) {
 // published on dest was settled (acked or dead-lettered by a consumer) and
 // the first settlements came in publish order. The broker's own redrive
 // after QueueConfig.MaxReceives is not a settlement: no consumer handled
-// that message. It returns the event IDs in that order.
+// that message. Each stored message counts, so an event ID published twice
+// (a producer's retry) must be settled twice. It returns the event IDs in
+// settlement order.
 func RequireHandledInOrder(t testing.TB, b *memory.Broker, dest, key string) []string {
 	t.Helper()
 	evs := history(t, b, dest)
+	// Stored messages are told apart by BrokerID: an event ID may be
+	// published more than once.
 	var published, settled []string
+	idOf := map[string]string{}
 	seen := map[string]bool{}
 	for _, e := range evs {
 		if e.Key != key {
@@ -252,25 +257,33 @@ func RequireHandledInOrder(t testing.TB, b *memory.Broker, dest, key string) []s
 		}
 		switch e.Kind {
 		case memory.EventPublished:
-			published = append(published, e.ID)
+			published = append(published, e.BrokerID)
+			idOf[e.BrokerID] = e.ID
 		case memory.EventAcked, memory.EventDeadLettered:
 			if e.Kind == memory.EventDeadLettered && e.Consumer == "" {
 				continue // the broker gave up on it; no consumer handled it
 			}
-			if !seen[e.ID] {
-				seen[e.ID] = true
-				settled = append(settled, e.ID)
+			if !seen[e.BrokerID] {
+				seen[e.BrokerID] = true
+				settled = append(settled, e.BrokerID)
 			}
 		}
+	}
+	ids := func(bids []string) []string {
+		out := make([]string, len(bids))
+		for i, bid := range bids {
+			out[i] = idOf[bid]
+		}
+		return out
 	}
 	byKey := func(e memory.Event) bool { return e.Key == key }
 	if len(published) == 0 {
 		t.Fatalf("memorytest: %s: no message with key %q was published", dest, key)
 	}
 	if strings.Join(published, "\x00") != strings.Join(settled, "\x00") {
-		t.Fatalf("memorytest: %s: key %q: published %q but settled %q; history of the key:%s", dest, key, published, settled, describe(evs, byKey))
+		t.Fatalf("memorytest: %s: key %q: published %q but settled %q (broker IDs %q, %q); history of the key:%s", dest, key, ids(published), ids(settled), published, settled, describe(evs, byKey))
 	}
-	return settled
+	return ids(settled)
 }
 
 // RequireCommitted fails the test unless group's committed offset of

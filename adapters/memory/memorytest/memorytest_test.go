@@ -307,3 +307,42 @@ func TestHandledInOrderIgnoresBrokerRedrive(t *testing.T) {
 		t.Fatalf("message %q", msg)
 	}
 }
+
+// A producer that retries after a lost confirmation stores the same event ID
+// twice (at-least-once); a consumer that settles every stored copy in order
+// handled the key in order, and one that leaves a copy unsettled did not.
+func TestHandledInOrderWithDuplicatePublish(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	if err := tb.b.CreateQueue("f", memory.QueueConfig{FIFO: true}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := tb.b.QueueSource("f")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	memorytest.Inject(t, tb.b, "f", memory.Fault{Kind: memory.FaultFailPublish, AfterStore: true, Count: 1})
+	if err := tb.b.Publish(tb.ctx, "f", memorytest.Msg("a", "k", "")); !errors.Is(err, memory.ErrInjected) {
+		t.Fatalf("publish: %v", err)
+	}
+	memorytest.Publish(t, tb.b, "f", memorytest.Msg("a", "k", ""), memorytest.Msg("b", "k", ""))
+
+	m := memorytest.Receive(t, src, 1)[0]
+	if err := src.Ack(tb.ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	msg := mustFail(t, func(tb2 testing.TB) { memorytest.RequireHandledInOrder(tb2, tb.b, "f", "k") })
+	if !strings.Contains(msg, `published ["a" "a" "b"] but settled ["a"]`) {
+		t.Fatalf("message %q", msg)
+	}
+	for range 2 {
+		m := memorytest.Receive(t, src, 1)[0]
+		if err := src.Ack(tb.ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := fmt.Sprint(memorytest.RequireHandledInOrder(t, tb.b, "f", "k")); got != "[a a b]" {
+		t.Fatalf("order %s", got)
+	}
+}
