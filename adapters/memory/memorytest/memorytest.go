@@ -428,18 +428,34 @@ func WaitForDeadLettered(t testing.TB, b *memory.Broker, dest, id string, reason
 }
 
 // WaitForCommitted waits until group's committed offset of partition on
-// topic reaches at least offset.
+// topic reaches at least offset. It reads the committed offset itself, so an
+// offset the group started at (which no commit event records) counts; it
+// checks again after each new event of topic.
 func WaitForCommitted(t testing.TB, b *memory.Broker, topic, group string, partition int32, offset int64) {
 	t.Helper()
-	WaitFor(t, b, topic, fmt.Sprintf("commit of %s partition %d at %d", group, partition, offset), func(evs []memory.Event) bool {
-		for i := len(evs) - 1; i >= 0; i-- {
-			e := evs[i]
-			if e.Kind == memory.EventCommitted && e.Group == group && e.Partition == partition {
-				return e.Offset >= offset
+	ctx, cancel := timeout(t)
+	defer cancel()
+	reached := func() bool {
+		c, err := b.Committed(topic, group)
+		return err == nil && partition >= 0 && int(partition) < len(c) && c[partition] >= offset
+	}
+	seen := -1
+	for !reached() {
+		// Every change of a committed offset records an event (a commit,
+		// or the rebalance of a group's creation): wait for the next one.
+		err := b.WaitHistory(ctx, topic, func(evs []memory.Event) bool {
+			if len(evs) != seen {
+				seen = len(evs)
+				return true
 			}
+			return false
+		})
+		if err != nil {
+			evs, _ := b.History(topic)
+			c, _ := b.Committed(topic, group)
+			t.Fatalf("memorytest: %s: waiting for commit of %s partition %d at %d (committed %v): %v; last events:%s", topic, group, partition, offset, c, err, describe(tail(evs, 20), func(memory.Event) bool { return true }))
 		}
-		return false
-	})
+	}
 }
 
 // Inject puts f in force on dest and removes it when the test ends. It fails

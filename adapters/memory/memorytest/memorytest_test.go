@@ -346,3 +346,39 @@ func TestHandledInOrderWithDuplicatePublish(t *testing.T) {
 		t.Fatalf("order %s", got)
 	}
 }
+
+// A group starts at its partitions' first retained offsets without a commit
+// event; WaitForCommitted must see that offset as reached (RequireCommitted
+// does), not wait for an event that never comes.
+func TestWaitForCommittedStartingOffset(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	if err := tb.b.CreateTopic("ev", memory.TopicConfig{Retention: 2}); err != nil {
+		t.Fatal(err)
+	}
+	memorytest.Publish(t, tb.b, "ev", memorytest.Msg("1", "", ""), memorytest.Msg("2", "", ""), memorytest.Msg("3", "", ""))
+	src, err := tb.b.JoinGroup("ev", "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	memorytest.RequireCommitted(t, tb.b, "ev", "g", 0, 1)
+	memorytest.WaitForCommitted(t, tb.b, "ev", "g", 0, 1)
+	memorytest.WaitForCommitted(t, tb.b, "ev", "g", 0, 0)
+
+	// It still waits for a commit to come, and fails when none does.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		memorytest.WaitForCommitted(t, tb.b, "ev", "g", 0, 2)
+	}()
+	m := memorytest.Receive(t, src, 1)[0]
+	if err := src.Ack(tb.ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	msg := mustFail(t, func(tb2 testing.TB) { memorytest.WaitForCommitted(tb2, tb.b, "ev", "g", 0, 3) })
+	if !strings.Contains(msg, "deadline exceeded") {
+		t.Fatalf("message %q", msg)
+	}
+}
