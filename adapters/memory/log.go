@@ -549,6 +549,13 @@ func (s *GroupSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			t.mu.Unlock()
 			return 0, err
 		}
+		// Likewise an outage: Outage wakes only the receivers already
+		// waiting, so one starting since the check above must be seen
+		// here, or this receiver would wait instead of failing at once.
+		if err := t.unavailable(nowT); err != nil {
+			t.mu.Unlock()
+			return 0, err
+		}
 		n := 0
 		for n < len(buf) && len(s.dups) > 0 {
 			buf[n] = &s.dups[0].Message

@@ -563,6 +563,13 @@ func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			q.mu.Unlock()
 			return 0, err
 		}
+		// Likewise an outage: Outage wakes only the receivers already
+		// waiting, so one starting since the check above must be seen
+		// here, or this receiver would wait instead of failing at once.
+		if err := q.unavailable(nowT); err != nil {
+			q.mu.Unlock()
+			return 0, err
+		}
 		q.advanceLocked(now)
 		n := 0
 		for n < len(buf) && len(s.dups) > 0 {
