@@ -294,7 +294,7 @@ func RequireCommitted(t testing.TB, b *memory.Broker, topic, group string, parti
 	if err != nil {
 		t.Fatalf("memorytest: %v", err)
 	}
-	if int(partition) >= len(c) || c[partition] != offset {
+	if partition < 0 || int(partition) >= len(c) || c[partition] != offset {
 		t.Fatalf("memorytest: %s/%s: committed offsets %v, want partition %d at %d", topic, group, c, partition, offset)
 	}
 }

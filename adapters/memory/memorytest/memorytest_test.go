@@ -210,6 +210,7 @@ func TestCommitHelpers(t *testing.T) {
 	memorytest.Publish(t, tb.b, "ev", memorytest.Msg("a", "", ""))
 	m := memorytest.Receive(t, src, 1)[0]
 	mustFail(t, func(tb2 testing.TB) { memorytest.RequireCommitted(tb2, tb.b, "ev", "g", 0, 1) })
+	mustFail(t, func(tb2 testing.TB) { memorytest.RequireCommitted(tb2, tb.b, "ev", "g", -1, 0) }) // panicked
 	go src.Ack(tb.ctx, m)
 	memorytest.WaitForCommitted(t, tb.b, "ev", "g", 0, 1)
 	memorytest.RequireCommitted(t, tb.b, "ev", "g", 0, 1)
