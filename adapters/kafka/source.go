@@ -62,14 +62,15 @@ type Source struct {
 	// (taken before mu): a rewind's SetOffsets lands while the partition it
 	// checked is still owned, never on its next assignment.
 	rewindMu sync.Mutex
+	kick     chan struct{}
+	stop     chan struct{}
+	done     chan struct{}
+	closeMu  sync.Mutex
+	closeErr error
+
 	// Test hooks, nil outside tests: a rewind checked ownership and calls
 	// SetOffsets next; onRevoked was entered.
 	testRewindChecked, testRevoking func()
-	kick                            chan struct{}
-	stop                            chan struct{}
-	done                            chan struct{}
-	closeMu                         sync.Mutex
-	closeErr                        error
 }
 
 type topicPartition struct {
