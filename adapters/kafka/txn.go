@@ -152,6 +152,9 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 				return
 			}
 			s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+			if rejoinedGroup(err) {
+				return
+			}
 			if ke, ok := errors.AsType[*kerr.Error](err); ok && !ke.Retriable && fatal == nil {
 				fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
 			}
@@ -178,6 +181,24 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 			return nil
 		}
 	}
+}
+
+// rejoinedGroup reports franz-go's notice that the group membership was lost
+// in a way it cures by rejoining (the coordinator forgot the member, its
+// generation or epoch went stale): the kerr errors it wraps are marked not
+// retriable, yet the session goes on, and the next End aborts the batch of
+// the lost membership.
+func rejoinedGroup(err error) bool {
+	gs, ok := errors.AsType[*kgo.ErrGroupSession](err)
+	if !ok {
+		return false
+	}
+	for _, e := range []error{kerr.UnknownMemberID, kerr.IllegalGeneration, kerr.RebalanceInProgress, kerr.StaleMemberEpoch, kerr.FencedMemberEpoch} {
+		if errors.Is(gs.Err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // The pause before a failed batch is consumed again: txnRetryMin after the
