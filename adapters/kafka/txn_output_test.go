@@ -1,0 +1,89 @@
+package kafka
+
+import (
+	"context"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+)
+
+// TestTransactSessionOutputIDOverridesCopiedHeader: a Transform that passes
+// the input's headers on (trace context and the like) and gives each output
+// its own ID gets outputs with that ID. Before, the input's ackwise-event-id
+// header, copied along, won over Output.ID: the two outputs of one input
+// carried the input's event ID, and an idempotency inbox downstream dropped
+// the second as a duplicate of the first.
+func TestTransactSessionOutputIDOverridesCopiedHeader(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	out := cfg.Topic + ".out"
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := CreateTopics(ctx, Config{Brokers: brokers, Topic: out}, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	in := publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	fn := func(_ context.Context, m *ackwise.Message, emit func(Output)) error {
+		emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, Headers: m.Headers.Clone(), ID: m.ID + "-a"})
+		emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, Headers: m.Headers.Clone(), ID: m.ID + "-b"})
+		// No ID: the header passed on is kept.
+		emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, Headers: m.Headers.Clone()})
+		return nil
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- sess.Run(runCtx, fn) }()
+	adm := kadm.NewClient(sess.sess.Client())
+	for { // polling: the broker has no commit notification
+		offs, err := adm.FetchOffsets(ctx, cfg.Group)
+		if o, ok := offs.Lookup(cfg.Topic, 0); err == nil && ok && o.At == 1 {
+			break
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Run = %v before the input was committed", err)
+		case <-ctx.Done():
+			t.Fatal("input offset never committed")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	recs := readIsolated(ctx, t, brokers, out, kgo.ReadCommitted())
+	var ids []string
+	for _, r := range recs {
+		var rid []string
+		for _, h := range r.Headers {
+			if h.Key == ackwise.HeaderEventID {
+				rid = append(rid, string(h.Value))
+			}
+		}
+		if len(rid) != 1 {
+			t.Errorf("output at %d has event ID headers %q, want one", r.Offset, rid)
+			continue
+		}
+		if m := recordMessage(r); m.Headers.Get("x-seq") != "0" {
+			t.Errorf("output %s lost header x-seq: %v", rid[0], m.Headers)
+		}
+		ids = append(ids, rid[0])
+	}
+	sort.Strings(ids)
+	want := []string{in[0].ID, in[0].ID + "-a", in[0].ID + "-b"}
+	if len(ids) != len(want) || ids[0] != want[0] || ids[1] != want[1] || ids[2] != want[2] {
+		t.Fatalf("output event IDs %q, want %q", ids, want)
+	}
+}
