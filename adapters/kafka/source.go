@@ -467,7 +467,7 @@ func (s *Source) poll(ctx context.Context, limit int) (closed bool, fatal error)
 			return
 		}
 		s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
-		if fatal == nil && !kerr.IsRetriable(err) {
+		if fatal == nil && fatalFetch(err) {
 			fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
 		}
 	})

@@ -153,10 +153,7 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 				return
 			}
 			s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
-			if rejoinedGroup(err) {
-				return
-			}
-			if ke, ok := errors.AsType[*kerr.Error](err); ok && !ke.Retriable && fatal == nil {
+			if fatal == nil && fatalFetch(err) {
 				fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
 			}
 		})
@@ -182,6 +179,16 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 			return nil
 		}
 	}
+}
+
+// fatalFetch reports whether a fetch error is one retrying will not cure: a
+// Kafka error marked not retriable (an authorization failure, say), except
+// franz-go's notice of a lost group membership, which it cures by
+// rejoining. Other errors (a broker down, data loss franz-go reset past)
+// franz-go recovers from itself.
+func fatalFetch(err error) bool {
+	ke, ok := errors.AsType[*kerr.Error](err)
+	return ok && !ke.Retriable && !rejoinedGroup(err)
 }
 
 // rejoinedGroup reports franz-go's notice that the group membership was lost

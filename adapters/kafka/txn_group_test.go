@@ -2,14 +2,11 @@ package kafka
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ackwise/ackwise"
 )
@@ -71,20 +68,7 @@ func TestTransactSessionSurvivesLostGroupSession(t *testing.T) {
 	}
 	waitTxnCommitted(1)
 
-	// The coordinator answers the next heartbeat with UNKNOWN_MEMBER_ID.
-	forgot := make(chan struct{})
-	var once sync.Once
-	c.ControlKey(kmsg.Heartbeat.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
-		resp := req.(*kmsg.HeartbeatRequest).ResponseKind().(*kmsg.HeartbeatResponse)
-		resp.ErrorCode = kerr.UnknownMemberID.Code
-		once.Do(func() { close(forgot) })
-		return resp, nil, true
-	})
-	select {
-	case <-forgot:
-	case <-ctx.Done():
-		t.Fatal("no heartbeat")
-	}
+	forgetMember(ctx, t, c)
 	publishN(t, sink, 1, func(int) string { return "k" })
 
 	// The second record is transformed and committed in the rejoined
