@@ -71,6 +71,21 @@ type lane struct {
 	busy  bool // a message of the lane is in flight and not finished
 }
 
+// push queues m behind the lane's message in flight. A lane that stays busy
+// through a backlog never resets its queue (finishLocked does when it goes
+// idle), so the messages still waiting are moved to the front before the
+// queue would grow: its room stays within twice the messages waiting (fewer
+// than MaxInFlight), not one slot per message ever queued (invariant 6).
+// Called with Consumer.mu held.
+func (ln *lane) push(m *ackwise.Message) {
+	if ln.head > 0 && len(ln.queue) == cap(ln.queue) {
+		n := copy(ln.queue, ln.queue[ln.head:])
+		clear(ln.queue[n:])
+		ln.queue, ln.head = ln.queue[:n], 0
+	}
+	ln.queue = append(ln.queue, m)
+}
+
 // task is an in-flight message on its way to a handler, with its lane (nil
 // when the message is not ordered).
 type task struct {
@@ -216,7 +231,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 		ln := c.laneOf(m)
 		if ln != nil {
 			if ln.busy {
-				ln.queue = append(ln.queue, m)
+				ln.push(m)
 				continue
 			}
 			ln.busy = true
