@@ -448,7 +448,7 @@ type run struct {
 	maxHeld int
 	log     *slog.Logger
 	pending []*ackwise.Message   // held deliveries, released when the run ends
-	held    map[string]heldEntry // by BrokerID, the pending deliveries that have one
+	held    map[string]heldEntry // by BrokerID, the pending deliveries that have one (the last held of those sharing one)
 	seen    int                  // new (not redelivered) messages received
 }
 
@@ -506,12 +506,12 @@ func (r *run) receive(ctx context.Context, buf []*ackwise.Message) (int, StopRea
 }
 
 // redelivered reports whether msg is a new delivery of a message the run
-// holds (its lease ran out). If so, msg takes the old delivery's place among
+// holds (its lease ran out: see heldAs). If so, msg takes the old delivery's place among
 // the held ones (the old receipt is dead) and stop reports whether no new
 // message arrived since the run took it: the run has come round.
 func (r *run) redelivered(msg *ackwise.Message) (again, stop bool) {
-	e, ok := r.held[msg.BrokerID]
-	if msg.BrokerID == "" || !ok {
+	e, ok := r.heldAs(msg)
+	if !ok {
 		r.seen++
 		return false, false
 	}
@@ -521,9 +521,29 @@ func (r *run) redelivered(msg *ackwise.Message) (again, stop bool) {
 	return true, stop
 }
 
+// heldAs finds the held delivery msg is a new delivery of: one with msg's
+// BrokerID that the source no longer counts as valid (its lease ran out, so
+// the broker delivered the message again). A held delivery that is still
+// valid is another message sharing the BrokerID: on RabbitMQ the BrokerID
+// is the AMQP message-id, the event ID, which two dead letters of one event
+// share. A source without Valid is taken at its BrokerID.
+func (r *run) heldAs(msg *ackwise.Message) (heldEntry, bool) {
+	if msg.BrokerID == "" {
+		return heldEntry{}, false
+	}
+	e, ok := r.held[msg.BrokerID]
+	if !ok {
+		return e, false
+	}
+	if v, isV := r.from.(interface{ Valid(*ackwise.Message) bool }); isV && v.Valid(r.pending[e.idx]) {
+		return e, false
+	}
+	return e, true
+}
+
 func (r *run) hold(msg *ackwise.Message) {
 	if msg.BrokerID != "" {
-		if e, ok := r.held[msg.BrokerID]; ok {
+		if e, ok := r.heldAs(msg); ok {
 			r.pending[e.idx] = msg
 			return
 		}
