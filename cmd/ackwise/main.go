@@ -556,8 +556,9 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 }
 
 // sameDestination reports whether two URLs name the same destination:
-// the same scheme, host and path, whatever the query (a source URL carries
-// ?group=, a sink URL need not), the user info, the case of the scheme and
+// the same scheme, host and path (destPath: a RabbitMQ target's routing
+// key too), whatever the rest of the query (a source URL carries ?group=, a
+// sink URL need not), the user info, the case of the scheme and
 // host, and a trailing '/'; amqp, amqps and rabbit count as one scheme, and
 // RabbitMQ's default ports as no port. URLs that do not parse are left to the opener.
 func sameDestination(a, b string) bool {
@@ -570,7 +571,21 @@ func sameDestination(a, b string) bool {
 		return false
 	}
 	return destScheme(ua) == destScheme(ub) && destHost(ua) == destHost(ub) &&
-		strings.Trim(ua.Path, "/") == strings.Trim(ub.Path, "/") && ua.Opaque == ub.Opaque
+		destPath(ua) == destPath(ub) && ua.Opaque == ub.Opaque
+}
+
+// destPath is the queue or topic u names: its path without '/' at either
+// end, or, for a RabbitMQ URL with a routing_key and no exchange, the
+// routing key (a sink publishes through the default exchange to the queue
+// of that name, whatever the path: rabbitmq.SinkConfigFromURL).
+func destPath(u *url.URL) string {
+	if destScheme(u) == "amqp" {
+		// u.Query(), as the RabbitMQ opener reads it.
+		if q := u.Query(); q.Get("routing_key") != "" && q.Get("exchange") == "" {
+			return q.Get("routing_key")
+		}
+	}
+	return strings.Trim(u.Path, "/")
 }
 
 // destScheme is u's scheme in lower case, the RabbitMQ ones (amqp, amqps,

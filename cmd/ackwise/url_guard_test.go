@@ -86,3 +86,22 @@ func TestRedriveRefusesSameRabbitQueueSpeltOtherwise(t *testing.T) {
 		t.Errorf("redrive into the default port spelt out: exit %d, want a usage error:\nstdout %q\nstderr %q", code, out, errOut)
 	}
 }
+
+// TestRedriveRefusesRabbitTargetNamingTheQueueAsRoutingKey: a RabbitMQ sink
+// URL may name its queue as the routing key on the default exchange
+// (amqp://host/?routing_key=q.dlq) instead of in the path. The refusal
+// compared paths only, so such a target naming the dead-letter queue passed,
+// and the redrive replaced each dead letter with a copy without its envelope.
+func TestRedriveRefusesRabbitTargetNamingTheQueueAsRoutingKey(t *testing.T) {
+	t.Parallel()
+	for _, target := range []string{
+		"amqp://guest:guest@127.0.0.1:1/?routing_key=q.dlq",
+		"amqp://guest:guest@127.0.0.1:1?routing_key=q.dlq",
+		"amqp://guest:guest@127.0.0.1:1/q?declare=true&routing_key=q.dlq",
+	} {
+		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "amqp://guest:guest@127.0.0.1:1/q.dlq?plain=true", target, "-idle", "100ms")
+		if code != exitUsage {
+			t.Errorf("redrive into %s: exit %d, want a usage error:\nstdout %q\nstderr %q", target, code, out, errOut)
+		}
+	}
+}
