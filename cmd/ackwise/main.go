@@ -559,8 +559,9 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 // the same scheme, host and path (destPath: a RabbitMQ target's routing
 // key too), whatever the rest of the query (a source URL carries ?group=, a
 // sink URL need not), the user info, the case of the scheme and
-// host, and a trailing '/'; amqp, amqps and rabbit count as one scheme, and
-// RabbitMQ's default ports as no port. URLs that do not parse are left to the opener.
+// host, and a trailing '/'; amqp, amqps and rabbit count as one scheme, a
+// broker's default ports as no port, a RabbitMQ vhost as part of the path.
+// URLs that do not parse are left to the opener.
 func sameDestination(a, b string) bool {
 	ua, err := url.Parse(a)
 	if err != nil {
@@ -578,12 +579,16 @@ func sameDestination(a, b string) bool {
 // end, or, for a RabbitMQ URL with a routing_key and no exchange, the
 // routing key (a sink publishes through the default exchange to the queue
 // of that name, whatever the path: rabbitmq.SinkConfigFromURL).
+// A RabbitMQ queue is named within its vhost, which comes first.
 func destPath(u *url.URL) string {
 	if destScheme(u) == "amqp" {
 		// u.Query(), as the RabbitMQ opener reads it.
-		if q := u.Query(); q.Get("routing_key") != "" && q.Get("exchange") == "" {
-			return q.Get("routing_key")
+		q := u.Query()
+		vhost := cmp.Or(q.Get("vhost"), "/")
+		if q.Get("routing_key") != "" && q.Get("exchange") == "" {
+			return vhost + "\x00" + q.Get("routing_key")
 		}
+		return vhost + "\x00" + strings.Trim(u.Path, "/")
 	}
 	return strings.Trim(u.Path, "/")
 }
@@ -598,11 +603,20 @@ func destScheme(u *url.URL) string {
 	return s
 }
 
-// destHost is u's host in lower case, without RabbitMQ's default ports.
+// destHost is u's host in lower case, without the broker's default ports
+// (RabbitMQ's, Kafka's 9092); a Kafka URL's hosts in sorted order (the
+// client takes them as a set).
 func destHost(u *url.URL) string {
-	h := strings.ToLower(u.Host)
-	if p := u.Port(); destScheme(u) == "amqp" && (p == "5672" || p == "5671") {
-		h = strings.TrimSuffix(h, ":"+p)
+	hosts := strings.Split(strings.ToLower(u.Host), ",")
+	for i, h := range hosts {
+		switch destScheme(u) {
+		case "amqp":
+			h = strings.TrimSuffix(strings.TrimSuffix(h, ":5672"), ":5671")
+		case "kafka":
+			h = strings.TrimSuffix(h, ":9092")
+		}
+		hosts[i] = h
 	}
-	return h
+	slices.Sort(hosts)
+	return strings.Join(hosts, ",")
 }

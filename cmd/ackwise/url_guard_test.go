@@ -105,3 +105,26 @@ func TestRedriveRefusesRabbitTargetNamingTheQueueAsRoutingKey(t *testing.T) {
 		}
 	}
 }
+
+// TestSameDestinationSpellings: what names one destination however it is
+// spelt, and what only looks alike. A Kafka broker's default port and the
+// order of a broker list do not change the topic; a RabbitMQ vhost does
+// change the queue (the refusal left no way to redrive between vhosts).
+func TestSameDestinationSpellings(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		a, b string
+		same bool
+	}{
+		{"kafka://b/orders.dlq", "kafka://b:9092/orders.dlq", true},
+		{"kafka://b1:9092,b2:9092/orders.dlq?group=g", "kafka://b2,b1/orders.dlq", true},
+		{"kafka://b1/orders.dlq", "kafka://b1:9093/orders.dlq", false},
+		{"amqp://h/q.dlq?vhost=a", "amqp://h/q.dlq?vhost=b", false},
+		{"amqp://h/q.dlq", "amqp://h/q.dlq?vhost=/", true},
+		{"amqp://h/q.dlq?vhost=a", "rabbit://h:5672/q.dlq?vhost=a", true},
+	} {
+		if got := sameDestination(c.a, c.b); got != c.same {
+			t.Errorf("sameDestination(%s, %s) = %v, want %v", c.a, c.b, got, c.same)
+		}
+	}
+}
