@@ -234,11 +234,24 @@ func (s *ShareSource) renewPending() {
 		s.ackMu.RLock()
 		s.settleMu.Lock()
 		s.mu.Lock()
+		// A record whose lock ran out (one franz-go fetched ahead) is not
+		// renewed: the broker would refuse the renewal, with the other
+		// statuses sent with it, and renewedAt would make the record look
+		// locked. It leaves pending and is released on its own below.
+		var stale []*shareReceipt
+		now := time.Now()
+		kept := s.pending[:0]
 		for _, r := range s.pending {
+			if rc := (&shareReceipt{r: r, lease: s.lease}); s.pendingExpired(rc, now) {
+				stale = append(stale, rc)
+				continue
+			}
+			kept = append(kept, r)
 			r.Ack(kgo.AckRenew)
 		}
+		s.pending = kept
 		if len(s.pending) > 0 {
-			s.renewedAt = time.Now()
+			s.renewedAt = now
 		}
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(s.stopCtx, every)
@@ -248,7 +261,20 @@ func (s *ShareSource) renewPending() {
 		cancel()
 		s.settleMu.Unlock()
 		s.ackMu.RUnlock()
+		if len(stale) > 0 {
+			s.releaseStale(stale)
+		}
 	}
+}
+
+// pendingExpired reports whether the lock of rc, a record still pending,
+// ran out: a lease after the source last renewed the pending records, else
+// at its fetch-time deadline. Called with s.mu held.
+func (s *ShareSource) pendingExpired(rc *shareReceipt, now time.Time) bool {
+	if !s.renewedAt.IsZero() {
+		rc.renewedAt.Store(s.renewedAt.UnixNano())
+	}
+	return rc.expired(now)
 }
 
 // shareLockDuration reads how long the broker locks a record it hands to a

@@ -3,12 +3,14 @@ package kafka
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
@@ -158,6 +160,83 @@ func TestShareStaleBufferedRecordsNotDelivered(t *testing.T) {
 	for _, m := range buf[:n] {
 		if m.Attempt < 2 {
 			t.Fatalf("%s delivered at attempt %d after its lock ran out in the client's buffer; want it released and delivered again", m.BrokerID, m.Attempt)
+		}
+	}
+}
+
+// TestShareRenewalSkipsExpiredPendingRecords: the source renews the locks
+// of the records it holds back. A record franz-go fetched ahead can reach
+// them with its lock already run out (see
+// TestShareStaleBufferedRecordsNotDelivered). Renewing it is refused by the
+// broker (with every other status of its partition in that request), and
+// the source used to count it renewed all the same: the record then looked
+// locked and was handed to a handler at attempt 1 while the broker had
+// already released it. It must be released instead, and delivered when the
+// broker delivers it again.
+func TestShareRenewalSkipsExpiredPendingRecords(t *testing.T) {
+	t.Parallel()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
+		kfake.BrokerConfigs(map[string]string{
+			"group.share.record.lock.duration.ms": "1000",
+			"share.record.lock.sweep.interval.ms": "100",
+			"group.share.delivery.count.limit":    "5",
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	brokers := c.ListenAddrs()
+	cfg := testConfig(t, brokers, 1)
+	publishN(t, openSink(t, cfg), 2, func(int) string { return "k" })
+	src := openShare(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	// The records of franz-go's fetch ahead, taken as the source's next
+	// poll would take them.
+	var recs []*kgo.Record
+	for len(recs) < 2 {
+		fs := src.Client().PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("polled %d records: %v", len(recs), err)
+		}
+		recs = append(recs, fs.Records()...)
+	}
+	// The locks' deadlines, and the broker's sweep of them (every 100ms),
+	// are what this test is about: wait them out.
+	time.Sleep(time.Until(recs[len(recs)-1].AcquisitionDeadline()) + 400*time.Millisecond)
+	sent := make(chan []int64, 16)
+	c.ControlKey(kmsg.ShareAcknowledge.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		select {
+		case sent <- ackedOffsets(req):
+		default:
+		}
+		c.KeepControl()
+		return nil, nil, false // observed only: kfake handles it
+	})
+	src.mu.Lock()
+	src.pending, src.outstanding = recs, len(recs)
+	src.mu.Unlock()
+	// The source's next renewal round finds them pending.
+	select {
+	case src.flushNow <- struct{}{}:
+	default:
+	}
+	for seen := false; !seen; {
+		select {
+		case offs := <-sent:
+			seen = slices.Contains(offs, recs[0].Offset)
+		case <-ctx.Done():
+			t.Fatal("the pending records were neither renewed nor released")
+		}
+	}
+	buf := make([]*ackwise.Message, 2)
+	n, err := src.Receive(ctx, buf)
+	if err != nil || n == 0 {
+		t.Fatalf("Receive = %d, %v", n, err)
+	}
+	for _, m := range buf[:n] {
+		if m.Attempt < 2 {
+			t.Fatalf("%s delivered at attempt %d after its lock ran out while pending (the renewal was refused); want it released and delivered again", m.BrokerID, m.Attempt)
 		}
 	}
 }
