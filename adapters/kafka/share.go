@@ -501,20 +501,28 @@ func (s *ShareSource) settle(msg *ackwise.Message, status kgo.AckStatus) error {
 	if !rc.settled.CompareAndSwap(false, true) {
 		return fmt.Errorf("kafka: %s: already settled", msg.BrokerID)
 	}
-	if rc.expiresWithin(time.Now(), s.nearExpiry()) {
-		ok := s.sendAlone(rc, status)
-		s.done()
-		if !ok {
-			return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
+	if !rc.expiresWithin(time.Now(), s.nearExpiry()) {
+		s.ackMu.RLock()
+		s.settleMu.RLock()
+		// Checked again: the wait for the locks (behind a sendAlone's or
+		// a renewal round's flushes) can take the record near its lock's
+		// end, and queued now it would be sent with other statuses.
+		queued := !rc.expiresWithin(time.Now(), s.nearExpiry())
+		if queued {
+			rc.r.Ack(status)
 		}
-		return nil
+		s.settleMu.RUnlock()
+		s.ackMu.RUnlock()
+		if queued {
+			s.done()
+			return nil
+		}
 	}
-	s.ackMu.RLock()
-	s.settleMu.RLock()
-	rc.r.Ack(status)
-	s.settleMu.RUnlock()
-	s.ackMu.RUnlock()
+	ok := s.sendAlone(rc, status)
 	s.done()
+	if !ok {
+		return fmt.Errorf("kafka: %s: acquisition lock expired at %v: %w", msg.BrokerID, rc.r.AcquisitionDeadline(), adapters.ErrReceiptInvalid)
+	}
 	return nil
 }
 

@@ -103,10 +103,7 @@ func ackedAlone(ctx context.Context, t *testing.T, src *ShareSource, m *ackwise.
 	if err := src.Ack(ctx, m); err != nil {
 		t.Fatalf("Ack before the lock's end: %v", err)
 	}
-	after := acks()[before:]
-	if !slices.ContainsFunc(after, func(offs []int64) bool { return slices.Equal(offs, []int64{m.Offset}) }) {
-		t.Fatalf("requests sent while Ack(offset %d) ran: %v; want one carrying that offset alone", m.Offset, after)
-	}
+	requireSentAlone(t, m, acks()[before:])
 }
 
 // TestShareRenewalSentAtOnce: a renewal (the engine's heartbeat) reaches the
@@ -271,5 +268,42 @@ func TestShareHeartbeatRoundFewRequests(t *testing.T) {
 			t.Fatalf("renewals sent: %v; want all %d", reqs, n)
 		}
 		time.Sleep(10 * time.Millisecond) // polling the broker's view: no signal
+	}
+}
+
+// TestShareAckWaitingForLocksNearLockEndSentAlone: a settle checks the lock's
+// end, then waits for the source's locks (behind a sendAlone's or a renewal
+// round's flushes, up to a third of the lease each). One that waited into
+// the last half of the lease must still go alone: it used to be queued, and
+// sent later with other records' statuses, which the broker refuses with it.
+func TestShareAckWaitingForLocksNearLockEndSentAlone(t *testing.T) {
+	t.Parallel()
+	src, acks := ackObservedShare(t, 2)
+	got := receiveN(t, src, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := src.Ack(ctx, got[0]); err != nil { // queued, sent with a later flush
+		t.Fatal(err)
+	}
+	m := got[1]
+	before := len(acks())
+	src.ackMu.Lock() // as a sendAlone in progress holds it
+	acked := make(chan error, 1)
+	go func() { acked <- src.Ack(ctx, m) }() // far from the lock's end: passes the first check
+	deadline := m.Handle.(*shareReceipt).r.AcquisitionDeadline()
+	time.Sleep(time.Until(deadline.Add(-observedLease/2 + 100*time.Millisecond))) // the lock's clock has no signal
+	src.ackMu.Unlock()
+	if err := <-acked; err != nil {
+		t.Fatalf("Ack before the lock's end: %v", err)
+	}
+	requireSentAlone(t, m, acks()[before:])
+}
+
+// requireSentAlone checks that one of the requests sent while m was acked
+// carried m's offset alone.
+func requireSentAlone(t *testing.T, m *ackwise.Message, sent [][]int64) {
+	t.Helper()
+	if !slices.ContainsFunc(sent, func(offs []int64) bool { return slices.Equal(offs, []int64{m.Offset}) }) {
+		t.Fatalf("requests sent while Ack(offset %d) ran: %v; want one carrying that offset alone", m.Offset, sent)
 	}
 }
