@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -62,7 +63,10 @@ type TracingConfig struct {
 // Message.Partition >= 0, messaging.destination.partition.id and
 // messaging.kafka.offset. A failed call sets the span status to Error,
 // records the error as an event and sets ackwise.error.class
-// (ackwise.ClassOf). Payloads and header values other than the trace context
+// (ackwise.ClassOf). A panic passing through is a failed call too: status
+// Error, the panic recorded as an exception event (by the SDK), and the panic
+// passed on unchanged; it has no ackwise.error.class, since whoever recovers
+// it decides (consumer.Config.RetryPanics). Payloads and header values other than the trace context
 // are never recorded.
 //
 // The span covers the middleware inside it and the handler, not the
@@ -108,7 +112,17 @@ func Tracing(tp trace.TracerProvider, cfg TracingConfig) ackwise.Middleware {
 				}
 			}
 			ctx, span := tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+			// Deferred directly, End records a panic passing through as an
+			// exception event (the OpenTelemetry SDK does) but leaves the
+			// status unset: the deferred func below marks the span failed
+			// and passes the panic on unchanged to the engine's recover.
 			defer span.End()
+			defer func() {
+				if v := recover(); v != nil {
+					span.SetStatus(codes.Error, fmt.Sprintf("handler panicked: %v", v))
+					panic(v)
+				}
+			}()
 			err := next.Handle(ctx, msg)
 			if err != nil {
 				span.RecordError(err)
