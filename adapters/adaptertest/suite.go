@@ -50,6 +50,7 @@ func Run(t *testing.T, h Harness) {
 		{"BatchAckSettles", testBatchAck},
 		{"LeaseExtendedOrExpired", testLease},
 		{"ExtendAfterSettleChangesNothing", testExtendAfterSettle},
+		{"SettleAfterCloseFails", testSettleAfterClose},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -830,5 +831,80 @@ func testExtendAfterSettle(t *testing.T, h Harness) {
 		if err := src.Ack(ctx, m); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// testSettleAfterClose: a consumer closed with deliveries in hand (a
+// handler outlived the drain, the process is going down) can no longer
+// settle them. Ack, Nack and DeadLetter fail rather than report a
+// settlement Close already gave up; DeadLetter writes no dead letter and
+// Nack no delayed copy; Release changes nothing (it is never an ack); and
+// Valid is false. The next consumer gets every message, each once.
+func testSettleAfterClose(t *testing.T, h Harness) {
+	const tier = 200 * time.Millisecond
+	f := h.Open(t, FixtureConfig{Lease: time.Second, DelayTiers: []time.Duration{tier}})
+	src := f.NewSource(t)
+	caps := src.Capabilities()
+	in := batch(4, 4) // acked, released, nacked, dead-lettered
+	publish(t, f, in)
+	got := map[string]*ackwise.Message{}
+	for len(got) < len(in) {
+		m := receiveOne(t, src)
+		got[m.ID] = m
+	}
+	if err := src.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	for _, m := range in {
+		if src.Valid(got[m.ID]) {
+			t.Errorf("Valid(%s) true after Close", m.ID)
+		}
+	}
+	failed := func(op string, err error) {
+		t.Helper()
+		if err == nil {
+			t.Errorf("%s after Close: nil, want an error (ErrReceiptInvalid or ErrClosed): the delivery was given up by Close", op)
+		}
+	}
+	failed("Ack", src.Ack(ctx, got[in[0].ID]))
+	if err := src.Release(ctx, got[in[1].ID]); err != nil {
+		t.Logf("Release after Close: %v (allowed: the message comes back either way)", err)
+	}
+	if caps.Delay {
+		failed("Nack", src.Nack(ctx, got[in[2].ID], tier))
+	} else {
+		t.Log("source cannot delay redelivery (Capabilities.Delay false): Nack after Close not checked")
+	}
+	failed("DeadLetter", src.DeadLetter(ctx, got[in[3].ID], dlq.New(got[in[3].ID], dlq.ReasonPermanent, errors.New("late"), ackwise.ClassPermanent, time.Now(), "late", "v0")))
+
+	// Every message comes back to the next consumer, and once: a Nack that
+	// wrote a delayed copy shows as a second delivery after the tier.
+	next := f.NewSource(t)
+	seen := map[string]int{}
+	for len(seen) < len(in) {
+		m := receiveOne(t, next)
+		seen[m.ID]++
+		if seen[m.ID] > 1 {
+			t.Fatalf("%s delivered twice to the next consumer", m.ID)
+		}
+		if err := next.Ack(ctx, m); err != nil {
+			t.Fatalf("ack %s: %v", m.ID, err)
+		}
+	}
+	for _, m := range in {
+		if seen[m.ID] == 0 {
+			t.Fatalf("%s not delivered again after Close (seen %v)", m.ID, seen)
+		}
+	}
+	wait, cancelWait := context.WithTimeout(ctx, 3*tier)
+	defer cancelWait()
+	buf := make([]*ackwise.Message, 1)
+	if n, _ := next.Receive(wait, buf); n > 0 {
+		t.Fatalf("received %s (attempt %d) after every message was acked: a settle after Close left a copy", buf[0].ID, buf[0].Attempt)
+	}
+	if dl := f.DeadLetters(ctx, t); len(dl) != 0 {
+		t.Fatalf("%d dead letters after a DeadLetter that Close had voided, want none", len(dl))
 	}
 }
