@@ -55,7 +55,9 @@ type Capabilities struct {
 //
 // The engine calls Receive from one goroutine and the settle methods (Ack,
 // Nack, DeadLetter, Release, ExtendLease) from many, concurrently; a Source
-// must be safe for that. Each delivered message is settled at most once.
+// must be safe for that. Each delivered message is settled at most once:
+// the engine does, and a Source fails a second settle of a delivery without
+// acting on it.
 type Source interface {
 	// Receive fills buf with up to len(buf) messages and returns how many it
 	// filled. It blocks until at least one message is there, ctx is done, or

@@ -51,6 +51,7 @@ func Run(t *testing.T, h Harness) {
 		{"LeaseExtendedOrExpired", testLease},
 		{"ExtendAfterSettleChangesNothing", testExtendAfterSettle},
 		{"SettleAfterCloseFails", testSettleAfterClose},
+		{"SecondSettleFails", testSecondSettle},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -906,5 +907,59 @@ func testSettleAfterClose(t *testing.T, h Harness) {
 	}
 	if dl := f.DeadLetters(ctx, t); len(dl) != 0 {
 		t.Fatalf("%d dead letters after a DeadLetter that Close had voided, want none", len(dl))
+	}
+}
+
+// testSecondSettle: each delivery is settled at most once. A second settle
+// of the same delivery (a caller's bug: a Release then a DeadLetter, an Ack
+// then a Release) must fail without acting: no dead letter written for a
+// message handed back, and no harm to the other deliveries of the source
+// (on RabbitMQ a second ack of a delivery tag closes the channel, and every
+// other delivery on it is redelivered).
+func testSecondSettle(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{Lease: 2 * time.Second})
+	src := f.NewSource(t)
+	in := batch(3, 3) // released then dead-lettered, acked then released, bystander
+	publish(t, f, in)
+	got := map[string]*ackwise.Message{}
+	for len(got) < len(in) {
+		m := receiveOne(t, src)
+		got[m.ID] = m
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	released, acked, bystander := got[in[0].ID], got[in[1].ID], got[in[2].ID]
+	if err := src.Release(ctx, released); err != nil {
+		t.Fatal(err)
+	}
+	env := dlq.New(released, dlq.ReasonPermanent, errors.New("after release"), ackwise.ClassPermanent, time.Now(), "t", "v0")
+	if err := src.DeadLetter(ctx, released, env); err == nil {
+		t.Errorf("DeadLetter of %s after its Release: nil, want an error", released.ID)
+	}
+	if err := src.Ack(ctx, acked); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Release(ctx, acked); err == nil {
+		t.Errorf("Release of %s after its Ack: nil, want an error", acked.ID)
+	}
+	if err := src.Ack(ctx, bystander); err != nil {
+		t.Fatalf("Ack of another delivery after the second settles: %v", err)
+	}
+	// The released message comes back (once), the others do not.
+	again := receiveOne(t, src)
+	if again.ID != released.ID {
+		t.Fatalf("received %s, want %s again (the only one handed back)", again.ID, released.ID)
+	}
+	if err := src.Ack(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+	wait, cancelWait := context.WithTimeout(ctx, time.Second)
+	defer cancelWait()
+	buf := make([]*ackwise.Message, 1)
+	if n, _ := src.Receive(wait, buf); n > 0 {
+		t.Fatalf("received %s (attempt %d) after every message was acked", buf[0].ID, buf[0].Attempt)
+	}
+	if dl := f.DeadLetters(ctx, t); len(dl) != 0 {
+		t.Fatalf("%d dead letters, want none: the DeadLetter after a Release acted", len(dl))
 	}
 }

@@ -914,16 +914,25 @@ func (s *Source) kickCommitter() {
 	}
 }
 
-// checkValid fails with ErrReceiptInvalid when msg's partition is gone.
-func checkValid(msg *ackwise.Message) (*receipt, error) {
+// checkMovable is what a move (Nack, DeadLetter) checks before it
+// produces: it fails with ErrReceiptInvalid when msg's partition is gone,
+// and when msg was settled or released already (the copy would then be a
+// second settle of the delivery, made before the settle itself fails).
+func (s *Source) checkMovable(msg *ackwise.Message) error {
 	rc, err := receiptOf(msg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if rc.p.own.Load() >= ownSealed {
-		return nil, fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
+		return fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
 	}
-	return rc, nil
+	s.mu.Lock()
+	inflight := rc.p.inflightGen(rc.seq, rc.gen)
+	s.mu.Unlock()
+	if !inflight {
+		return fmt.Errorf("kafka: %s: already settled or released", msg.BrokerID)
+	}
+	return nil
 }
 
 // Ack marks msg settled; its offset is committed once every record before it
@@ -1034,7 +1043,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if len(s.cfg.RetryTiers) == 0 {
 		return fmt.Errorf("kafka: Nack without Config.RetryTiers: this source retries in place (Capabilities.Delay is false)")
 	}
-	if _, err := checkValid(msg); err != nil {
+	if err := s.checkMovable(msg); err != nil {
 		return err
 	}
 	tier := s.cfg.RetryTiers[len(s.cfg.RetryTiers)-1]
@@ -1090,7 +1099,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 // value, headers kept, envelope added as headers) with acks=all and marks it
 // settled once the broker confirmed.
 func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
-	if _, err := checkValid(msg); err != nil {
+	if err := s.checkMovable(msg); err != nil {
 		return err
 	}
 	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)

@@ -132,13 +132,20 @@ func (p *partition) index(seq int64) int {
 // before).
 func (p *partition) settle(seq int64, st uint8) bool { return p.settleGen(seq, 0, st) }
 
+// inflightGen reports whether delivery gen of the record at seq is in
+// flight: neither settled nor released since.
+func (p *partition) inflightGen(seq int64, gen uint16) bool {
+	i := p.index(seq)
+	return i >= 0 && p.ents[i].st == stInflight && p.ents[i].gen == gen
+}
+
 // settleGen is settle for delivery gen of the record: a message released
 // and delivered again cannot be settled through its earlier delivery.
 func (p *partition) settleGen(seq int64, gen uint16, st uint8) bool {
-	i := p.index(seq)
-	if i < 0 || p.ents[i].st != stInflight || p.ents[i].gen != gen {
+	if !p.inflightGen(seq, gen) {
 		return false
 	}
+	i := p.index(seq)
 	p.ents[i].st = st
 	p.inflight--
 	if p.inflight == 0 && p.drained != nil {

@@ -335,6 +335,9 @@ type logDelivery struct {
 	gp    *groupPart
 	epoch uint64
 	src   *GroupSource
+	// done is set, under the topic's lock, by the settle that acks,
+	// dead-letters or releases the delivery: a second one fails.
+	done bool
 }
 
 // GroupSource is one member of a consumer group on a topic. Members of a
@@ -660,6 +663,7 @@ func (s *GroupSource) deliverLocked(gp *groupPart, off int64, buf []*ackwise.Mes
 	d.gp = gp
 	d.epoch = gp.epoch.Load()
 	d.src = s
+	d.done = false
 	buf[n] = &d.Message
 	n++
 	if s.t.b.history {
@@ -747,6 +751,15 @@ func (d *logDelivery) currentLocked() bool {
 	return !d.src.left && d.epoch == d.gp.epoch.Load()
 }
 
+// settleOnceLocked marks d done, or fails when a settle already did.
+func (s *GroupSource) settleOnceLocked(d *logDelivery) error {
+	if d.done {
+		return fmt.Errorf("memory: %s on %s: already settled or released", d.BrokerID, s.id)
+	}
+	d.done = true
+	return nil
+}
+
 func (s *GroupSource) invalid(d *logDelivery) error {
 	return fmt.Errorf("memory: %s on %s: partition revoked or reset: %w", d.BrokerID, s.id, adapters.ErrReceiptInvalid)
 }
@@ -781,15 +794,20 @@ func (s *GroupSource) settleLocked(d *logDelivery, now time.Time) bool {
 }
 
 // Ack marks msg's record settled; the group's committed offset advances
-// once every record below it is settled. Acking a record twice (a
-// duplicate delivery) is a no-op. It fails with adapters.ErrReceiptInvalid
-// when the partition was revoked or reset since the delivery.
+// once every record below it is settled. Acking a record through a second
+// delivery of it (a duplicate) is a no-op; a second settle of the same
+// delivery fails. It fails with adapters.ErrReceiptInvalid when the
+// partition was revoked or reset since the delivery.
 func (s *GroupSource) Ack(ctx context.Context, msg *ackwise.Message) error {
 	d, now, err := s.begin(ctx, msg, FaultCrashBeforeAck, FaultCrashBeforeSettle, FaultLoseAck, FaultFailAck)
 	if d == nil {
 		return err
 	}
 	t := s.t
+	if err := s.settleOnceLocked(d); err != nil {
+		t.mu.Unlock()
+		return err
+	}
 	if t.b.history {
 		t.record(Event{Kind: EventAcked, Consumer: s.id, Group: s.g.name, ID: d.ID, Key: d.Key, BrokerID: d.BrokerID, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt}, now)
 	}
@@ -818,7 +836,11 @@ func (s *GroupSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 		return err
 	}
 	t := s.t
+	done := d.done
 	t.mu.Unlock()
+	if done {
+		return fmt.Errorf("memory: %s on %s: already settled or released", d.BrokerID, s.id)
+	}
 
 	if err := t.b.deadLetterTo(ctx, t.cfg.DeadLetter, msg, env); err != nil {
 		return err
@@ -829,6 +851,9 @@ func (s *GroupSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 	defer t.mu.Unlock()
 	if !d.currentLocked() {
 		return s.invalid(d)
+	}
+	if err := s.settleOnceLocked(d); err != nil {
+		return err
 	}
 	if t.b.history {
 		e := env
@@ -850,10 +875,13 @@ func (s *GroupSource) Release(ctx context.Context, msg *ackwise.Message) error {
 	}
 	t := s.t
 	defer t.mu.Unlock()
+	if err := s.settleOnceLocked(d); err != nil {
+		return err
+	}
 	gp := d.gp
 	idx := d.Offset - gp.committed
 	if idx < 0 || gp.settled.at(int(idx)) {
-		return nil // already settled
+		return nil // settled through another delivery of the record
 	}
 	i := sort.Search(len(gp.redeliver), func(i int) bool { return gp.redeliver[i] >= d.Offset })
 	if i == len(gp.redeliver) || gp.redeliver[i] != d.Offset {

@@ -117,8 +117,10 @@ func TestLogCommitsSettledPrefixOnly(t *testing.T) {
 	memorytest.RequireCommitted(t, tb.b, "ev", "g", 0, 4) // dead-lettered counts as settled
 	ack(4)
 	memorytest.WaitForCommitted(t, tb.b, "ev", "g", 0, 5)
-	// Acking a settled record again is a no-op.
-	ack(4)
+	// A second settle of a delivery fails and changes nothing.
+	if err := src.Ack(tb.ctx, ms[4]); err == nil {
+		t.Fatal("second Ack of one delivery: nil, want an error")
+	}
 	memorytest.RequireCommitted(t, tb.b, "ev", "g", 0, 5)
 	if st := mustStats(t, tb.b, "ev"); st.Acked != 4 || st.DeadLettered != 1 {
 		t.Fatalf("stats %+v", st)

@@ -138,6 +138,11 @@ type receipt struct {
 	s  *session
 	d  amqp.Delivery
 	at time.Time // when the delivery reached this client
+	// done is set by the settle that acks or hands back the delivery: a
+	// second one fails without touching the channel (a second ack or nack
+	// of a delivery tag makes the broker close the channel, and every
+	// other delivery on it is redelivered).
+	done atomic.Bool
 
 	// guarded by s.mu
 	prev, next *receipt
@@ -462,6 +467,18 @@ func (s *Source) receipt(op string, msg *ackwise.Message) (*receipt, error) {
 	return r, nil
 }
 
+// settleOnce marks r settled, or fails when a settle already did (or its
+// channel died meanwhile).
+func (r *receipt) settleOnce(op string) error {
+	if r.done.CompareAndSwap(false, true) {
+		return nil
+	}
+	if r.s.isDead.Load() {
+		return r.invalid(op)
+	}
+	return fmt.Errorf("rabbitmq: %s delivery %d: already settled or released", op, r.d.DeliveryTag)
+}
+
 func (r *receipt) invalid(op string) error {
 	return fmt.Errorf("rabbitmq: %s delivery %d of channel generation %d: channel closed, the broker redelivers it: %w", op, r.d.DeliveryTag, r.s.gen, adapters.ErrReceiptInvalid)
 }
@@ -493,6 +510,9 @@ func (s *Source) Ack(ctx context.Context, msg *ackwise.Message) error {
 	if err != nil {
 		return err
 	}
+	if err := r.settleOnce("ack"); err != nil {
+		return err
+	}
 	return r.s.ack(r, "ack")
 }
 
@@ -512,6 +532,9 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if err != nil {
 		return err
 	}
+	if r.done.Load() {
+		return r.settleOnce("nack")
+	}
 	tier := s.tierFor(delay)
 	queue := s.v.waitQueues[tier]
 	h := msg.Headers.Clone()
@@ -526,6 +549,9 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, ""))}
 	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack"), r.s.dead); err != nil {
 		return fmt.Errorf("rabbitmq: nack: move to wait queue %q: %w", queue, err)
+	}
+	if err := r.settleOnce("nack"); err != nil {
+		return err
 	}
 	return r.s.ack(r, "nack")
 }
@@ -588,9 +614,15 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 	if err != nil {
 		return err
 	}
+	if r.done.Load() {
+		return r.settleOnce("dead-letter")
+	}
 	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, msg.Headers, env))}
 	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "dead-letter"), r.s.dead); err != nil {
 		return fmt.Errorf("rabbitmq: dead-letter to %q: %w", s.v.DeadLetterQueue, err)
+	}
+	if err := r.settleOnce("dead-letter"); err != nil {
+		return err
 	}
 	return r.s.ack(r, "dead-letter")
 }
@@ -604,6 +636,9 @@ func (s *Source) Release(ctx context.Context, msg *ackwise.Message) error {
 	if err != nil {
 		return err
 	}
+	if err := r.settleOnce("release"); err != nil {
+		return err
+	}
 	return r.settled("release", r.s.ch.Nack(r.d.DeliveryTag, false, true))
 }
 
@@ -613,11 +648,12 @@ func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.D
 	return nil
 }
 
-// Valid reports whether the channel that delivered msg is still alive, so
-// that msg can still be settled. It is cheap (one atomic load).
+// Valid reports whether msg can still be settled: the channel that
+// delivered it is alive and no settle took it yet. It is cheap (two atomic
+// loads).
 func (s *Source) Valid(msg *ackwise.Message) bool {
 	r, ok := msg.Handle.(*receipt)
-	return ok && r != nil && r.s != nil && r.s.src == s && !r.s.isDead.Load()
+	return ok && r != nil && r.s != nil && r.s.src == s && !r.s.isDead.Load() && !r.done.Load()
 }
 
 // Capabilities reports Delay with DelayTiers (one wait queue each), MaxDelay
