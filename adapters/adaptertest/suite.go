@@ -757,12 +757,7 @@ func testLease(t *testing.T, h Harness) {
 		t.Fatalf("Ack of the redelivery: %v", err)
 	}
 	// Both are settled: neither comes back within a lease and a half.
-	wait, cancelWait := context.WithTimeout(ctx, caps.Lease*3/2)
-	defer cancelWait()
-	buf := make([]*ackwise.Message, 1)
-	if n, _ := b.Receive(wait, buf); n > 0 {
-		t.Fatalf("received %s (attempt %d) after both were acked; waited %v since the redelivery began", buf[0].ID, buf[0].Attempt, time.Since(start))
-	}
+	requireNothingMore(ctx, t, b, caps.Lease*3/2, fmt.Sprintf("after both were acked; %v since the redelivery began", time.Since(start)))
 }
 
 // testExtendAfterSettle: the engine's heartbeat extends leases concurrently
@@ -899,12 +894,7 @@ func testSettleAfterClose(t *testing.T, h Harness) {
 			t.Fatalf("%s not delivered again after Close (seen %v)", m.ID, seen)
 		}
 	}
-	wait, cancelWait := context.WithTimeout(ctx, 3*tier)
-	defer cancelWait()
-	buf := make([]*ackwise.Message, 1)
-	if n, _ := next.Receive(wait, buf); n > 0 {
-		t.Fatalf("received %s (attempt %d) after every message was acked: a settle after Close left a copy", buf[0].ID, buf[0].Attempt)
-	}
+	requireNothingMore(ctx, t, next, 3*tier, "after every message was acked: a settle after Close left a copy")
 	if dl := f.DeadLetters(ctx, t); len(dl) != 0 {
 		t.Fatalf("%d dead letters after a DeadLetter that Close had voided, want none", len(dl))
 	}
@@ -953,13 +943,19 @@ func testSecondSettle(t *testing.T, h Harness) {
 	if err := src.Ack(ctx, again); err != nil {
 		t.Fatal(err)
 	}
-	wait, cancelWait := context.WithTimeout(ctx, time.Second)
-	defer cancelWait()
-	buf := make([]*ackwise.Message, 1)
-	if n, _ := src.Receive(wait, buf); n > 0 {
-		t.Fatalf("received %s (attempt %d) after every message was acked", buf[0].ID, buf[0].Attempt)
-	}
+	requireNothingMore(ctx, t, src, time.Second, "after every message was acked")
 	if dl := f.DeadLetters(ctx, t); len(dl) != 0 {
 		t.Fatalf("%d dead letters, want none: the DeadLetter after a Release acted", len(dl))
+	}
+}
+
+// requireNothingMore fails the test if src delivers anything within wait.
+func requireNothingMore(ctx context.Context, t *testing.T, src adapters.Source, wait time.Duration, when string) {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	buf := make([]*ackwise.Message, 1)
+	if n, _ := src.Receive(wctx, buf); n > 0 {
+		t.Fatalf("received %s (attempt %d) %s", buf[0].ID, buf[0].Attempt, when)
 	}
 }
