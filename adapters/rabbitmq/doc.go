@@ -146,7 +146,8 @@
 // about each delivery held for Config.ConsumerTimeoutWarn (80% of
 // Config.ConsumerTimeout, which should match the broker's setting), counted
 // as the broker counts it: from the delivery's arrival, time spent in the
-// prefetch buffer before Receive included. When the
+// prefetch buffer before Receive included, and also while a delivery still
+// waits there (an engine at its in-flight limit or paused). When the
 // broker does close the channel, the reconnection log names the timeout as
 // the likely cause.
 //

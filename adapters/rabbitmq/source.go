@@ -123,10 +123,12 @@ type session struct {
 	err        error // why it died; written before dead is closed
 	killOnce   sync.Once
 
-	// mu guards the in-flight receipts, oldest (lowest tag) first, and the
-	// acks recorded but not yet written (see acks.go).
+	// mu guards the in-flight receipts, oldest (lowest tag) first, the
+	// deliveries that arrived and wait for Receive, and the acks recorded
+	// but not yet written (see acks.go).
 	mu          sync.Mutex
 	head, tail  *receipt
+	waiting     []waiting // arrived, not yet received, in delivery order
 	acks, spare []uint64
 	ackSignal   chan struct{}
 	flushMu     sync.Mutex // serializes flushes
@@ -199,6 +201,16 @@ type arrival struct {
 	at time.Time
 }
 
+// waiting is a delivery that reached this client and waits in the prefetch
+// buffer for Receive. The broker's consumer_timeout runs for it already, so
+// the timeout warning watches it too.
+type waiting struct {
+	tag    uint64
+	id     string
+	at     time.Time
+	warned bool
+}
+
 // stamp passes deliveries on in order, each with the time it arrived: the
 // broker's consumer_timeout runs from then, also while a delivery waits in
 // the prefetch buffer for Receive, so the timeout warning counts from then.
@@ -220,7 +232,13 @@ func (ss *session) stamp(in <-chan amqp.Delivery, out chan<- arrival) {
 				in = nil
 				continue
 			}
-			q = append(q, arrival{d: d, at: time.Now()})
+			a := arrival{d: d, at: time.Now()}
+			ss.mu.Lock()
+			if ss.src.v.ConsumerTimeout > 0 && !ss.isDead.Load() {
+				ss.waiting = append(ss.waiting, waiting{tag: d.DeliveryTag, id: d.MessageId, at: a.at})
+			}
+			ss.mu.Unlock()
+			q = append(q, a)
 		case send <- next:
 			q[0] = arrival{}
 			q = q[1:]
@@ -238,6 +256,7 @@ func (ss *session) kill(err error) {
 		ss.isDead.Store(true)
 		ss.mu.Lock()
 		ss.head, ss.tail = nil, nil
+		ss.waiting = nil
 		ss.mu.Unlock()
 		close(ss.dead)
 		go ss.conn.Close()
@@ -408,7 +427,8 @@ func (s *Source) message(ss *session, d amqp.Delivery, arrived time.Time) *ackwi
 	return m
 }
 
-// track lists receipts as in flight, in delivery order.
+// track lists receipts as in flight, in delivery order, and takes them
+// off the waiting list (keeping whether they were warned about there).
 func (ss *session) track(msgs []*ackwise.Message) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
@@ -417,6 +437,13 @@ func (ss *session) track(msgs []*ackwise.Message) {
 	}
 	for _, m := range msgs {
 		r := m.Handle.(*receipt)
+		for len(ss.waiting) > 0 && ss.waiting[0].tag <= r.d.DeliveryTag {
+			if ss.waiting[0].tag == r.d.DeliveryTag {
+				r.warned = ss.waiting[0].warned
+			}
+			ss.waiting[0] = waiting{}
+			ss.waiting = ss.waiting[1:]
+		}
 		r.prev, r.listed = ss.tail, true
 		if ss.tail != nil {
 			ss.tail.next = r

@@ -38,16 +38,30 @@ type slowDelivery struct {
 func (s *Source) warnSlow(ss *session, now time.Time) {
 	var slow []slowDelivery
 	ss.mu.Lock()
-	// The list is in delivery order: stop at the first delivery that is
+	// The in-flight list, then the deliveries waiting for Receive (all
+	// younger), are in delivery order: stop at the first delivery that is
 	// young enough.
+	young := false
 	for r := ss.head; r != nil; r = r.next {
 		held := now.Sub(r.at)
 		if held < s.v.ConsumerTimeoutWarn {
+			young = true
 			break
 		}
 		if !r.warned {
 			r.warned = true
 			slow = append(slow, slowDelivery{tag: r.d.DeliveryTag, id: r.d.MessageId, held: held})
+		}
+	}
+	for i := 0; !young && i < len(ss.waiting); i++ {
+		w := &ss.waiting[i]
+		held := now.Sub(w.at)
+		if held < s.v.ConsumerTimeoutWarn {
+			break
+		}
+		if !w.warned {
+			w.warned = true
+			slow = append(slow, slowDelivery{tag: w.tag, id: w.id, held: held})
 		}
 	}
 	ss.mu.Unlock()
