@@ -75,8 +75,9 @@ var urlParams = map[string]string{
 // tls_insecure_skip_verify. Other parameters: plain (true: consume the queue
 // as it is, Config.Plain), dlq, consumer_timeout, consumer_timeout_warn,
 // heartbeat (Go durations), connection_name. exchange and routing_key are for
-// sinks (SinkConfigFromURL). Unknown parameters are an error. Errors never
-// contain the password.
+// sinks (SinkConfigFromURL). An unknown, repeated or empty parameter is an
+// error, and so is a malformed query (a ';' separator, a bad %-escape).
+// Errors never contain the password.
 func ConfigFromURL(u *url.URL) (Config, error) {
 	p, err := parseURL(u)
 	if err != nil {
@@ -131,13 +132,23 @@ func parseURL(u *url.URL) (parsedURL, error) {
 	if err := misplacedPassword(u); err != nil {
 		return p, err
 	}
-	q := u.Query()
+	// Not u.Query(): it drops the pairs it cannot parse (a ';' separator, a
+	// bad %-escape), which would leave a parameter (tls=true among them)
+	// silently unset.
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return p, fmt.Errorf("rabbitmq: URL %s: malformed query: %v", adapters.RedactURL(u), err)
+	}
 	for k, vs := range q {
 		if _, ok := urlParams[k]; !ok {
 			return p, fmt.Errorf("rabbitmq: URL %s: unknown parameter %q", adapters.RedactURL(u), k)
 		}
 		if len(vs) > 1 {
 			return p, fmt.Errorf("rabbitmq: URL %s: parameter %q given %d times", adapters.RedactURL(u), k, len(vs))
+		}
+		if vs[0] == "" {
+			// Read as "not given", it would run with the default.
+			return p, fmt.Errorf("rabbitmq: URL %s: parameter %q is empty: give a value or leave it out", adapters.RedactURL(u), k)
 		}
 	}
 	bad := func(k string, err error) error {
