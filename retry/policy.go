@@ -78,14 +78,15 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("retry: MaxAttempts = %d: must be positive, 0 (default) or -1 (unlimited)", p.MaxAttempts)
 	case p.InitialInterval < 0:
 		return fmt.Errorf("retry: InitialInterval = %v: must not be negative", p.InitialInterval)
-	case p.Multiplier != 0 && p.Multiplier < 1:
+	// Written so that NaN, which passes no comparison, fails them.
+	case p.Multiplier != 0 && !(p.Multiplier >= 1):
 		return fmt.Errorf("retry: Multiplier = %v: must be at least 1", p.Multiplier)
 	case p.MaxInterval < 0:
 		return fmt.Errorf("retry: MaxInterval = %v: must not be negative", p.MaxInterval)
 	case p.InitialInterval > cmp.Or(p.MaxInterval, DefaultMaxInterval):
 		// A zero MaxInterval is DefaultMaxInterval, and caps as much.
 		return fmt.Errorf("retry: InitialInterval = %v is above MaxInterval = %v", p.InitialInterval, cmp.Or(p.MaxInterval, DefaultMaxInterval))
-	case p.Jitter != NoJitter && (p.Jitter < 0 || p.Jitter > 1):
+	case p.Jitter != NoJitter && !(p.Jitter >= 0 && p.Jitter <= 1):
 		return fmt.Errorf("retry: Jitter = %v: must be in [0, 1] or -1 (none)", p.Jitter)
 	}
 	for i, t := range p.Tiers {
