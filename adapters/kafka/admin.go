@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -49,4 +50,51 @@ func CreateTopics(ctx context.Context, cfg Config, partitions int32, replication
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// missingTopics returns which of topics do not exist.
+func missingTopics(ctx context.Context, cl *kgo.Client, topics []string) ([]string, error) {
+	if len(topics) == 0 {
+		return nil, nil
+	}
+	det, err := kadm.NewClient(cl).ListTopics(ctx, topics...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: describe topics %v: %w", topics, err)
+	}
+	var missing []string
+	for _, t := range topics {
+		d, ok := det[t]
+		switch {
+		case !ok || errors.Is(d.Err, kerr.UnknownTopicOrPartition):
+			missing = append(missing, t)
+		case d.Err != nil:
+			return nil, fmt.Errorf("kafka: describe topic %s: %w", t, d.Err)
+		}
+	}
+	return missing, nil
+}
+
+// checkWriteTopics checks the topics a source writes to. Missing retry
+// topics are an error: every retry move would fail, and the record come
+// back at the same attempt, for ever. A missing dead-letter topic is only
+// logged (at Error): a source that never dead-letters (the CLI reading a
+// dead-letter topic) has none, and every dead letter to it fails loudly.
+func checkWriteTopics(ctx context.Context, cl *kgo.Client, cfg Config, retryTopics []string) error {
+	missing, err := missingTopics(ctx, cl, append(slices.Clone(retryTopics), cfg.DeadLetterTopic))
+	if err != nil {
+		return err
+	}
+	var retry []string
+	for _, t := range missing {
+		if t == cfg.DeadLetterTopic {
+			cfg.Logger.Error("kafka: the dead-letter topic does not exist: every dead letter will fail, and its record come back; create it (kafka.CreateTopics creates the whole chain)",
+				"topic", t, "group", cfg.Group)
+			continue
+		}
+		retry = append(retry, t)
+	}
+	if len(retry) > 0 {
+		return fmt.Errorf("kafka: retry topics %v do not exist: every retry move to them would fail and the record come back at the same attempt; create them first (kafka.CreateTopics creates the whole chain)", retry)
+	}
+	return nil
 }

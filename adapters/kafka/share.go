@@ -190,6 +190,10 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
+	if err := checkWriteTopics(ctx, cl, cfg, nil); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	lease, err := shareLockDuration(ctx, cl, cfg.Group)
 	if err != nil {
 		cfg.Logger.Warn("kafka: cannot read the share group's record lock duration; assuming the broker default",

@@ -201,6 +201,10 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
+	if err := checkWriteTopics(ctx, cl, cfg, cfg.retryTopics()); err != nil {
+		cl.Close()
+		return nil, err
+	}
 	s.cl = cl
 	go s.committer()
 	return s, nil

@@ -64,7 +64,8 @@ func TestSourceRefusesRevokeTimeoutPastRebalanceTimeout(t *testing.T) {
 	}
 	// Below it, and -1 (no wait), are fine.
 	for _, revoke := range []time.Duration{-1, 30 * time.Second} {
-		cfg := Config{Brokers: brokers, Topic: uniq("t"), Group: "g", RevokeTimeout: revoke}
+		cfg := testConfig(t, brokers, 1)
+		cfg.RevokeTimeout = revoke
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		src, err := NewSource(ctx, cfg)
 		cancel()
