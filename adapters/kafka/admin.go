@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
@@ -77,24 +76,24 @@ func missingTopics(ctx context.Context, cl *kgo.Client, topics []string) ([]stri
 // checkWriteTopics checks the topics a source writes to. Missing retry
 // topics are an error: every retry move would fail, and the record come
 // back at the same attempt, for ever. A missing dead-letter topic is only
-// logged (at Error): a source that never dead-letters (the CLI reading a
-// dead-letter topic) has none, and every dead letter to it fails loudly.
+// logged (at Error), and so is a failure to look it up (at Warn): a source
+// that never dead-letters (the CLI reading a dead-letter topic) has none,
+// and may not be allowed to describe it; every dead letter to it fails
+// loudly.
 func checkWriteTopics(ctx context.Context, cl *kgo.Client, cfg Config, retryTopics []string) error {
-	missing, err := missingTopics(ctx, cl, append(slices.Clone(retryTopics), cfg.DeadLetterTopic))
+	missing, err := missingTopics(ctx, cl, retryTopics)
 	if err != nil {
 		return err
 	}
-	var retry []string
-	for _, t := range missing {
-		if t == cfg.DeadLetterTopic {
-			cfg.Logger.Error("kafka: the dead-letter topic does not exist: every dead letter will fail, and its record come back; create it (kafka.CreateTopics creates the whole chain)",
-				"topic", t, "group", cfg.Group)
-			continue
-		}
-		retry = append(retry, t)
+	if len(missing) > 0 {
+		return fmt.Errorf("kafka: retry topics %v do not exist: every retry move to them would fail and the record come back at the same attempt; create them first (kafka.CreateTopics creates the whole chain)", missing)
 	}
-	if len(retry) > 0 {
-		return fmt.Errorf("kafka: retry topics %v do not exist: every retry move to them would fail and the record come back at the same attempt; create them first (kafka.CreateTopics creates the whole chain)", retry)
+	switch dead, err := missingTopics(ctx, cl, []string{cfg.DeadLetterTopic}); {
+	case err != nil:
+		cfg.Logger.Warn("kafka: cannot check that the dead-letter topic exists", "topic", cfg.DeadLetterTopic, "group", cfg.Group, "err", err)
+	case len(dead) > 0:
+		cfg.Logger.Error("kafka: the dead-letter topic does not exist: every dead letter will fail, and its record come back; create it (kafka.CreateTopics creates the whole chain)",
+			"topic", cfg.DeadLetterTopic, "group", cfg.Group)
 	}
 	return nil
 }

@@ -449,10 +449,10 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 
 // poll takes up to limit records from the client (all it has when limit is
 // negative), waiting until there are some or ctx is done, and stashes them.
-// It reports whether the client is closed, and the first fetch error that
-// retrying will not cure (an authorization failure, say): franz-go keeps
-// trying, and a Receive that only logged it (the default Logger discards)
-// would wait for ever without a word.
+// It reports whether the client is closed, and the first fetch error worth
+// returning (reportFetch): franz-go keeps trying, and a Receive that only
+// logged it (the default Logger discards) would wait for ever without a
+// word.
 func (s *Source) poll(ctx context.Context, limit int) (closed bool, fatal error) {
 	fetches := s.cl.PollRecords(ctx, limit)
 	// The client was made with BlockRebalanceOnPoll: no rebalance callback
@@ -471,7 +471,7 @@ func (s *Source) poll(ctx context.Context, limit int) (closed bool, fatal error)
 			return
 		}
 		s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
-		if fatal == nil && fatalFetch(err) {
+		if fatal == nil && reportFetch(err) {
 			fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
 		}
 	})
@@ -958,6 +958,20 @@ func (s *Source) Release(_ context.Context, msg *ackwise.Message) error {
 	}
 	s.rewind(msg.Handle.(*receipt).p)
 	return nil
+}
+
+// reportFetch reports whether Receive returns a fetch error to its caller
+// (the engine logs it and backs off): any but a Kafka error marked
+// retriable, and but the notices of trouble franz-go cures by itself, a lost
+// group membership (it rejoins) and data loss (it reset the offset). A
+// failure outside Kafka's codes (a TLS handshake refused after a
+// certificate rotation, say) is returned: only logged, the default Logger
+// would hide it.
+func reportFetch(err error) bool {
+	if _, dataLoss := errors.AsType[*kgo.ErrDataLoss](err); dataLoss || rejoinedGroup(err) {
+		return false
+	}
+	return !kerr.IsRetriable(err)
 }
 
 // rewind sets the fetch position of p, if this member still owns it and is

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ackwise/ackwise"
@@ -68,5 +70,29 @@ func forgetMember(ctx context.Context, t *testing.T, c *kfake.Cluster) {
 	case <-forgot:
 	case <-ctx.Done():
 		t.Fatal("no heartbeat")
+	}
+}
+
+// TestReportFetch: which fetch errors Receive returns to its caller. The
+// notices franz-go cures by itself stay in the log; a failure outside
+// Kafka's error codes (a TLS handshake refused after a certificate
+// rotation) is returned, as it was before the lost-membership fix narrowed
+// the rule to Kafka codes: only logged, the default Logger hides it.
+func TestReportFetch(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"lost membership", &kgo.ErrGroupSession{Err: kerr.UnknownMemberID}, false},
+		{"data loss", &kgo.ErrDataLoss{Topic: "t", ResetTo: 1, ConsumedTo: 5}, false},
+		{"retriable", kerr.NotLeaderForPartition, false},
+		{"authorization", kerr.TopicAuthorizationFailed, true},
+		{"outside Kafka codes", errors.New("remote error: tls: bad certificate"), true},
+	} {
+		if got := reportFetch(c.err); got != c.want {
+			t.Errorf("%s: reportFetch(%v) = %v, want %v", c.name, c.err, got, c.want)
+		}
 	}
 }

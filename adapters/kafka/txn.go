@@ -181,11 +181,11 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 	}
 }
 
-// fatalFetch reports whether a fetch error is one retrying will not cure: a
-// Kafka error marked not retriable (an authorization failure, say), except
-// franz-go's notice of a lost group membership, which it cures by
-// rejoining. Other errors (a broker down, data loss franz-go reset past)
-// franz-go recovers from itself.
+// fatalFetch reports whether a fetch error ends Run: a Kafka error marked
+// not retriable (an authorization failure, say), except franz-go's notice
+// of a lost group membership, which it cures by rejoining. Other errors (a
+// broker down, data loss franz-go reset past) are only logged: franz-go
+// keeps trying.
 func fatalFetch(err error) bool {
 	ke, ok := errors.AsType[*kerr.Error](err)
 	return ok && !ke.Retriable && !rejoinedGroup(err)
