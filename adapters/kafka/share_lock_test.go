@@ -110,6 +110,13 @@ func TestShareDeadLetterAfterLockExpired(t *testing.T) {
 // for lockMs milliseconds and archive it after limit deliveries.
 func shortLockCluster(t *testing.T, lockMs, limit string) []string {
 	t.Helper()
+	return shortLockKfake(t, lockMs, limit).ListenAddrs()
+}
+
+// shortLockKfake is shortLockCluster's broker itself, for tests that
+// observe its requests.
+func shortLockKfake(t *testing.T, lockMs, limit string) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
 		kfake.BrokerConfigs(map[string]string{
 			"group.share.record.lock.duration.ms": lockMs,
@@ -120,7 +127,25 @@ func shortLockCluster(t *testing.T, lockMs, limit string) []string {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return c
+}
+
+// fetchedAhead stands in for the fetch franz-go can make ahead of the
+// source's next poll: it polls n records with the source's client and
+// returns them once their locks ran out, margin ago (the locks' deadlines
+// are what the callers test: there is no signal to wait for).
+func fetchedAhead(ctx context.Context, t *testing.T, src *ShareSource, n int, margin time.Duration) []*kgo.Record {
+	t.Helper()
+	var recs []*kgo.Record
+	for len(recs) < n {
+		fs := src.Client().PollFetches(ctx)
+		if err := ctx.Err(); err != nil {
+			t.Fatalf("polled %d records: %v", len(recs), err)
+		}
+		recs = append(recs, fs.Records()...)
+	}
+	time.Sleep(time.Until(recs[len(recs)-1].AcquisitionDeadline()) + margin)
+	return recs
 }
 
 // TestShareStaleBufferedRecordsNotDelivered: franz-go can grant one more
@@ -139,16 +164,7 @@ func TestShareStaleBufferedRecordsNotDelivered(t *testing.T) {
 	src := openShare(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	var recs []*kgo.Record
-	for len(recs) < 2 {
-		fs := src.Client().PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("polled %d records: %v", len(recs), err)
-		}
-		recs = append(recs, fs.Records()...)
-	}
-	// The locks' deadlines are what this test is about: wait them out.
-	time.Sleep(time.Until(recs[len(recs)-1].AcquisitionDeadline()) + 50*time.Millisecond)
+	recs := fetchedAhead(ctx, t, src, 2, 50*time.Millisecond)
 	src.mu.Lock()
 	src.pending, src.outstanding = recs, len(recs)
 	src.mu.Unlock()
@@ -175,35 +191,16 @@ func TestShareStaleBufferedRecordsNotDelivered(t *testing.T) {
 // broker delivers it again.
 func TestShareRenewalSkipsExpiredPendingRecords(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
-		kfake.BrokerConfigs(map[string]string{
-			"group.share.record.lock.duration.ms": "1000",
-			"share.record.lock.sweep.interval.ms": "100",
-			"group.share.delivery.count.limit":    "5",
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := shortLockKfake(t, "1000", "5")
 	brokers := c.ListenAddrs()
 	cfg := testConfig(t, brokers, 1)
 	publishN(t, openSink(t, cfg), 2, func(int) string { return "k" })
 	src := openShare(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	// The records of franz-go's fetch ahead, taken as the source's next
-	// poll would take them.
-	var recs []*kgo.Record
-	for len(recs) < 2 {
-		fs := src.Client().PollFetches(ctx)
-		if err := ctx.Err(); err != nil {
-			t.Fatalf("polled %d records: %v", len(recs), err)
-		}
-		recs = append(recs, fs.Records()...)
-	}
-	// The locks' deadlines, and the broker's sweep of them (every 100ms),
-	// are what this test is about: wait them out.
-	time.Sleep(time.Until(recs[len(recs)-1].AcquisitionDeadline()) + 400*time.Millisecond)
+	// Past the locks' deadlines and the broker's sweep of them (every
+	// 100ms).
+	recs := fetchedAhead(ctx, t, src, 2, 400*time.Millisecond)
 	sent := make(chan []int64, 16)
 	c.ControlKey(kmsg.ShareAcknowledge.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		select {
