@@ -221,15 +221,7 @@ func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() e
 		todo[i] = i
 	}
 	for {
-		if abort != nil {
-			if err := abort(); err != nil {
-				return err
-			}
-		}
-		s, err := p.session(ctx, void)
-		if errors.Is(err, errVoid) {
-			return voided(abort)
-		}
+		s, err := p.nextAttempt(ctx, abort, void)
 		if err != nil {
 			return err
 		}
@@ -293,20 +285,28 @@ func (p *publisher) publishEachAlone(ctx context.Context, msgs []outgoing, todo 
 	return errors.Join(errs...)
 }
 
+// nextAttempt starts an attempt of a publish: abort says whether it may
+// go on, then the session to publish on (waiting for one until ctx is
+// done or void closes).
+func (p *publisher) nextAttempt(ctx context.Context, abort func() error, void <-chan struct{}) (*pubSession, error) {
+	if abort != nil {
+		if err := abort(); err != nil {
+			return nil, err
+		}
+	}
+	s, err := p.session(ctx, void)
+	if errors.Is(err, errVoid) {
+		return nil, voided(abort)
+	}
+	return s, err
+}
+
 // publishAlone publishes m alone on a new channel of the current
 // connection, sending it again on the next connection when the connection
 // dies first.
 func (p *publisher) publishAlone(ctx context.Context, m *outgoing, abort func() error, void <-chan struct{}) error {
 	for {
-		if abort != nil {
-			if err := abort(); err != nil {
-				return err
-			}
-		}
-		s, err := p.session(ctx, void)
-		if errors.Is(err, errVoid) {
-			return voided(abort)
-		}
+		s, err := p.nextAttempt(ctx, abort, void)
 		if err != nil {
 			return err
 		}
