@@ -546,13 +546,16 @@ func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		if len(buf) == 0 {
 			return 0, nil
 		}
-		nowT := q.b.clock.Now()
-		if err := q.unavailable(nowT); err != nil {
+		if err := q.unavailable(q.b.clock.Now()); err != nil {
 			return 0, err
 		}
+		q.mu.Lock()
+		// The time is read under the lock: a reading made before it may be
+		// stale by then (the clock moved on, a message was published since),
+		// and a lease started from it would end early, or already have ended.
+		nowT := q.b.clock.Now()
 		now := nowT.UnixNano()
 		q.seenNow.Store(now)
-		q.mu.Lock()
 		if q.deleted {
 			q.mu.Unlock()
 			return 0, adapters.ErrClosed

@@ -18,17 +18,24 @@ import (
 // broker's wake-up timers go through AfterFunc and count for
 // VirtualClock.WaitForTimers: a test can wait until a receiver armed its
 // timer (which it does under the queue's lock, just before it blocks).
-// A hook, when set, runs once inside the next Now.
+// A hook, when set, runs once inside the next Now, before it reads the
+// clock; afterRead runs once inside the next Now, after it read the clock
+// (the caller then goes on with a reading the hook made stale).
 type relClock struct {
-	vc   *memory.VirtualClock // not embedded: its absolute scheduling must not show
-	hook atomic.Pointer[func()]
+	vc        *memory.VirtualClock // not embedded: its absolute scheduling must not show
+	hook      atomic.Pointer[func()]
+	afterRead atomic.Pointer[func()]
 }
 
 func (c *relClock) Now() time.Time {
 	if f := c.hook.Swap(nil); f != nil {
 		(*f)()
 	}
-	return c.vc.Now()
+	now := c.vc.Now()
+	if f := c.afterRead.Swap(nil); f != nil {
+		(*f)()
+	}
+	return now
 }
 
 func (c *relClock) AfterFunc(d time.Duration, f func()) ackwise.Timer {
@@ -220,5 +227,54 @@ func TestLogRetentionSkipRecordsCommit(t *testing.T) {
 	}
 	if !found {
 		t.Fatal("the committed offset moved to 7 without a committed event")
+	}
+}
+
+// Receive leases a message from the time it takes it, not from a clock
+// reading made before it took the queue's lock: a message published after
+// the clock moved on (here by a whole lease) must not be handed out with a
+// lease that already ran out, as if it had been delivered before it was
+// published.
+func TestQueueReceiveLeaseStartsWhenTaken(t *testing.T) {
+	t.Parallel()
+	b, vc, rc := newRelBroker(t)
+	const lease = 30 * time.Second
+	if err := b.CreateQueue("q", memory.QueueConfig{Lease: lease}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := b.QueueSource("q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	// Runs inside Receive's first clock reading, after it read the time:
+	// the clock moves on by a lease and a message is published then.
+	moveOn := func() {
+		vc.Advance(lease)
+		memorytest.Publish(t, b, "q", msg("a", ""))
+	}
+	rc.afterRead.Store(&moveOn)
+	m := recvOne(t, src)
+	if !src.Valid(m) {
+		t.Fatal("a message published and received at once is not valid: its lease started before it was published")
+	}
+	if err := src.Ack(context.Background(), m); err != nil {
+		t.Fatalf("Ack right after Receive = %v", err)
+	}
+	evs, err := b.History("q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var published, delivered time.Time
+	for _, e := range evs {
+		switch e.Kind {
+		case memory.EventPublished:
+			published = e.Time
+		case memory.EventDelivered:
+			delivered = e.Time
+		}
+	}
+	if delivered.Before(published) {
+		t.Fatalf("delivered at %v, before it was published at %v", delivered, published)
 	}
 }
