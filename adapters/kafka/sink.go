@@ -76,8 +76,8 @@ func (s *Sink) Client() *kgo.Client { return s.cl }
 
 // Publish produces msgs and returns once the broker acknowledged each with
 // acks=all, or with the first error (every failed record is reported,
-// joined). Header ackwise-event-id is set from Message.ID when the message
-// does not carry it already.
+// joined). Header ackwise-event-id is set from Message.ID, replacing any the
+// message carries; a message without an ID keeps its headers as they are.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -146,21 +146,26 @@ func produceConfirmed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, w
 	return errors.Join(errs...)
 }
 
-// recordHeaders converts m's headers, adding ackwise-event-id from m.ID.
+// recordHeaders converts m's headers. When m.ID is set it is the event ID
+// (adapters.EventID) and the record's only ackwise-event-id, first; a header
+// the message carried under that name (stale, copied from another event, or
+// empty) is dropped. Without m.ID the headers pass as they are.
 func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 	n := len(m.Headers)
-	_, has := m.Headers.Lookup(ackwise.HeaderEventID)
-	if !has && m.ID != "" {
+	if m.ID != "" {
 		n++
 	}
 	if n == 0 {
 		return nil
 	}
 	hs := make([]kgo.RecordHeader, 0, n)
-	if !has && m.ID != "" {
+	if m.ID != "" {
 		hs = append(hs, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(m.ID)})
 	}
 	for _, kv := range m.Headers {
+		if m.ID != "" && kv.Key == ackwise.HeaderEventID {
+			continue
+		}
 		hs = append(hs, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})
 	}
 	return hs
