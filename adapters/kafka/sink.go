@@ -22,6 +22,8 @@ type Sink struct {
 	cl     *kgo.Client
 	mu     sync.RWMutex
 	closed bool
+
+	closeFlushTimeout time.Duration // how long Close flushes; tests shorten it
 }
 
 var _ adapters.Sink = (*Sink)(nil)
@@ -54,7 +56,7 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
-	return &Sink{cfg: cfg, cl: cl}, nil
+	return &Sink{cfg: cfg, cl: cl, closeFlushTimeout: 30 * time.Second}, nil
 }
 
 // weakerProduce reports Config.Options that turned off idempotent writes or
@@ -79,12 +81,10 @@ func (s *Sink) Client() *kgo.Client { return s.cl }
 // joined). Header ackwise-event-id is set from Message.ID, replacing any the
 // message carries; a message without an ID keeps its headers as they are.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	if s.closed {
-		return adapters.ErrClosed
-	}
 	if len(msgs) == 0 {
+		if s.isClosed() {
+			return adapters.ErrClosed
+		}
 		return nil
 	}
 	recs := make([]*kgo.Record, len(msgs))
@@ -99,7 +99,23 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		r.Headers = recordHeaders(m)
 		recs[i] = r
 	}
-	return produceConfirmed(ctx, s.cl, recs, func(err error) error { return produceError(s.cfg.Topic, err) })
+	// The read lock covers handing the records to the client, not the wait
+	// for their confirms: Close flushes them (boundedly) and closes the
+	// client, which fails what is still unconfirmed, so this wait ends.
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return adapters.ErrClosed
+	}
+	wait := produceAll(ctx, s.cl, recs, func(err error) error { return produceError(s.cfg.Topic, err) })
+	s.mu.RUnlock()
+	return wait()
+}
+
+func (s *Sink) isClosed() bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.closed
 }
 
 // produceConfirmed produces recs and waits for the broker to confirm them
@@ -109,6 +125,12 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 // long as the broker is unreachable. The records may still be written after
 // ctx ended (a duplicate, if the caller produces them again).
 func produceConfirmed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, wrap func(error) error) error {
+	return produceAll(ctx, cl, recs, wrap)()
+}
+
+// produceAll hands recs to the client and returns the wait for their
+// confirms (produceConfirmed's result).
+func produceAll(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, wrap func(error) error) (wait func() error) {
 	var (
 		mu   sync.Mutex
 		errs []error
@@ -130,20 +152,22 @@ func produceConfirmed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, w
 			wg.Done()
 		})
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		err := fmt.Errorf("not confirmed: %w", ctx.Err())
-		if wrap != nil {
-			err = wrap(err)
+	return func() error {
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			err := fmt.Errorf("not confirmed: %w", ctx.Err())
+			if wrap != nil {
+				err = wrap(err)
+			}
+			return err
 		}
-		return err
+		mu.Lock()
+		defer mu.Unlock()
+		return errors.Join(errs...)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	return errors.Join(errs...)
 }
 
 // recordHeaders converts m's headers. When m.ID is set it is the event ID
@@ -171,8 +195,9 @@ func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 	return hs
 }
 
-// Close waits for outstanding produces (Flush) and closes the client. It is
-// idempotent.
+// Close waits (at most 30s) for outstanding produces (Flush) and closes the
+// client; records still unconfirmed then fail, and the Publish calls waiting
+// for them return their error. It is idempotent.
 func (s *Sink) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -180,7 +205,7 @@ func (s *Sink) Close() error {
 		return nil
 	}
 	s.closed = true
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), s.closeFlushTimeout)
 	defer cancel()
 	err := s.cl.Flush(ctx)
 	s.cl.Close()
