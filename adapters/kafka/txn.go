@@ -229,7 +229,7 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 		if o.Key != "" {
 			rec.Key = []byte(o.Key)
 		}
-		rec.Headers = outputHeaders(o)
+		rec.Headers = recordHeaders(&ackwise.Message{ID: o.ID, Headers: o.Headers}) // o.ID the only event ID
 		s.sess.Produce(ctx, rec, func(_ *kgo.Record, err error) {
 			if err != nil {
 				mu.Lock()
@@ -277,22 +277,6 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 		s.log.Info("kafka: transaction aborted (rebalance or shutdown); the batch will be consumed again")
 	}
 	return false, nil
-}
-
-// outputHeaders are o's headers, with o.ID, when set, as the only
-// ackwise-event-id.
-func outputHeaders(o Output) []kgo.RecordHeader {
-	if o.ID == "" {
-		return recordHeaders(&ackwise.Message{Headers: o.Headers})
-	}
-	hs := make([]kgo.RecordHeader, 0, len(o.Headers)+1)
-	hs = append(hs, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(o.ID)})
-	for _, kv := range o.Headers {
-		if kv.Key != ackwise.HeaderEventID {
-			hs = append(hs, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})
-		}
-	}
-	return hs
 }
 
 // Close aborts nothing (End already ran for every batch), leaves the group
