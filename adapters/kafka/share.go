@@ -48,7 +48,8 @@ const DefaultShareLease = 30 * time.Second
 // them. The source sends the acks queued meanwhile at the same pace, and a
 // renewal at once. (franz-go can still grant one fetch while a poll
 // returns; a record of it whose lock ran out in the client's buffer by the
-// next poll is released, not delivered.)
+// next poll is released, not delivered, and one with less than half of it
+// left is renewed before it is handed out.)
 //
 // The broker applies the acknowledgements of one partition in one request
 // all or nothing: a single status it refuses (a record whose lock ran out)
@@ -394,18 +395,35 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		if len(s.pending) > 0 {
 			n := 0
 			var stale []*shareReceipt
+			var short []*ackwise.Message
 			now := time.Now()
-			for n < len(buf) && len(s.pending) > 0 {
+			for n+len(short) < len(buf) && len(s.pending) > 0 {
 				m := shareMessage(s.pending[0], s.lease, s.renewedAt)
 				s.pending = s.pending[1:]
-				if rc := m.Handle.(*shareReceipt); rc.expired(now) {
+				switch rc := m.Handle.(*shareReceipt); {
+				case rc.expired(now):
 					stale = append(stale, rc)
-					continue
+				case rc.expiresWithin(now, s.nearExpiry()):
+					short = append(short, m)
+				default:
+					buf[n] = m
+					n++
 				}
-				buf[n] = m
-				n++
 			}
 			s.mu.Unlock()
+			// Records franz-go fetched ahead (only they wait unrenewed)
+			// with little of their lock left: the engine's first renewal
+			// comes a third to two thirds of the lease after delivery,
+			// too late for them. Renewed first, or released if their
+			// lock ran out meanwhile.
+			for _, m := range short {
+				if rc := m.Handle.(*shareReceipt); s.sendAlone(rc, kgo.AckRenew) {
+					buf[n] = m
+					n++
+				} else {
+					stale = append(stale, rc)
+				}
+			}
 			if len(stale) > 0 {
 				s.releaseStale(stale)
 			}

@@ -237,3 +237,39 @@ func TestShareRenewalSkipsExpiredPendingRecords(t *testing.T) {
 		}
 	}
 }
+
+// TestShareFetchedAheadShortLockRenewed: a record franz-go fetched ahead
+// can reach Receive with little of its lock left (it waited, unrenewed, in
+// the client's buffer while the previous poll's records were handled). The
+// engine renews a delivery a third to two thirds of the lease after it, too
+// late for such a record: the source renews it before handing it out.
+func TestShareFetchedAheadShortLockRenewed(t *testing.T) {
+	t.Parallel()
+	brokers := shortLockCluster(t, "1000", "5")
+	cfg := testConfig(t, brokers, 1)
+	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	src := openShare(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	recs := fetchedAhead(ctx, t, src, 1, -250*time.Millisecond) // a quarter of the lock left
+	src.mu.Lock()
+	src.pending, src.outstanding = recs, len(recs)
+	src.mu.Unlock()
+	buf := make([]*ackwise.Message, 1)
+	if n, err := src.Receive(ctx, buf); n != 1 || err != nil {
+		t.Fatalf("Receive = %d, %v", n, err)
+	}
+	m := buf[0]
+	if m.Attempt != 1 {
+		t.Fatalf("delivered at attempt %d, want 1 (its lock had not run out)", m.Attempt)
+	}
+	// Past the fetch-time deadline (and the broker's sweep of it): the
+	// renewed lock still holds.
+	time.Sleep(time.Until(recs[0].AcquisitionDeadline()) + 300*time.Millisecond)
+	if !src.Valid(m) {
+		t.Fatal("Valid false past the fetch-time deadline: the lock was not renewed before delivery")
+	}
+	if err := src.Ack(ctx, m); err != nil {
+		t.Fatalf("Ack after the fetch-time deadline: %v", err)
+	}
+}
