@@ -2,7 +2,6 @@ package rabbitmq
 
 import (
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,20 +18,7 @@ import (
 // warned about while it waited.
 func TestConsumerTimeoutWarningForUnreceivedDelivery(t *testing.T) {
 	needBroker(t)
-	cfg := testConfig(t, Classic)
-	cfg.Prefetch = 10
-	cfg.ConsumerTimeout = time.Minute
-	cfg.ConsumerTimeoutWarn = 300 * time.Millisecond
-	var warned atomic.Int64
-	cfg.MeterProvider = countingMeter{n: &warned}
-	logs := make(chan slog.Record, 16)
-	cfg.Logger = slog.New(recordHandler{ch: logs})
-	declare(t, cfg)
-	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
-	src := newSource(t, cfg)
-	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "a", Payload: []byte("a")}, &ackwise.Message{ID: "b", Payload: []byte("b")}); err != nil {
-		t.Fatal(err)
-	}
+	cfg, src, warned, logs := warnPair(t)
 	a := receive(t, src) // "in its handler"; b stays in the prefetch buffer
 	timeout := time.After(10 * time.Second)
 	for seen := map[string]bool{}; !seen["b"]; {

@@ -18,20 +18,7 @@ import (
 // come first.
 func TestConsumerTimeoutWarningCountsPrefetchedTime(t *testing.T) {
 	c := needBroker(t)
-	cfg := testConfig(t, Classic)
-	cfg.Prefetch = 10
-	cfg.ConsumerTimeout = time.Minute
-	cfg.ConsumerTimeoutWarn = 300 * time.Millisecond
-	var warned atomic.Int64
-	cfg.MeterProvider = countingMeter{n: &warned}
-	logs := make(chan slog.Record, 16)
-	cfg.Logger = slog.New(recordHandler{ch: logs})
-	declare(t, cfg)
-	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
-	src := newSource(t, cfg)
-	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "a", Payload: []byte("a")}, &ackwise.Message{ID: "b", Payload: []byte("b")}); err != nil {
-		t.Fatal(err)
-	}
+	cfg, src, warned, logs := warnPair(t)
 	a := receive(t, src)
 	// Both are delivered to the channel (none left ready in the queue).
 	deadline := time.Now().Add(5 * time.Second)
@@ -85,4 +72,26 @@ func TestConsumerTimeoutWarningCountsPrefetchedTime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// warnPair declares a classic queue whose source warns 300ms into a
+// delivery (the timeout itself a minute, prefetch 10), publishes a and b
+// to it, and returns the source with its warning counter and logs.
+func warnPair(t *testing.T) (Config, *Source, *atomic.Int64, chan slog.Record) {
+	t.Helper()
+	cfg := testConfig(t, Classic)
+	cfg.Prefetch = 10
+	cfg.ConsumerTimeout = time.Minute
+	cfg.ConsumerTimeoutWarn = 300 * time.Millisecond
+	var warned atomic.Int64
+	cfg.MeterProvider = countingMeter{n: &warned}
+	logs := make(chan slog.Record, 16)
+	cfg.Logger = slog.New(recordHandler{ch: logs})
+	declare(t, cfg)
+	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
+	src := newSource(t, cfg)
+	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "a", Payload: []byte("a")}, &ackwise.Message{ID: "b", Payload: []byte("b")}); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, src, &warned, logs
 }
