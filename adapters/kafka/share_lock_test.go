@@ -165,19 +165,8 @@ func TestShareStaleBufferedRecordsNotDelivered(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	recs := fetchedAhead(ctx, t, src, 2, 50*time.Millisecond)
-	src.mu.Lock()
-	src.pending, src.outstanding = recs, len(recs)
-	src.mu.Unlock()
-	buf := make([]*ackwise.Message, 2)
-	n, err := src.Receive(ctx, buf)
-	if err != nil || n == 0 {
-		t.Fatalf("Receive = %d, %v", n, err)
-	}
-	for _, m := range buf[:n] {
-		if m.Attempt < 2 {
-			t.Fatalf("%s delivered at attempt %d after its lock ran out in the client's buffer; want it released and delivered again", m.BrokerID, m.Attempt)
-		}
-	}
+	filePolled(src, recs)
+	requireRedeliveredOnly(ctx, t, src, "in the client's buffer")
 }
 
 // TestShareRenewalSkipsExpiredPendingRecords: the source renews the locks
@@ -210,9 +199,7 @@ func TestShareRenewalSkipsExpiredPendingRecords(t *testing.T) {
 		c.KeepControl()
 		return nil, nil, false // observed only: kfake handles it
 	})
-	src.mu.Lock()
-	src.pending, src.outstanding = recs, len(recs)
-	src.mu.Unlock()
+	filePolled(src, recs)
 	// The source's next renewal round finds them pending.
 	select {
 	case src.flushNow <- struct{}{}:
@@ -226,16 +213,7 @@ func TestShareRenewalSkipsExpiredPendingRecords(t *testing.T) {
 			t.Fatal("the pending records were neither renewed nor released")
 		}
 	}
-	buf := make([]*ackwise.Message, 2)
-	n, err := src.Receive(ctx, buf)
-	if err != nil || n == 0 {
-		t.Fatalf("Receive = %d, %v", n, err)
-	}
-	for _, m := range buf[:n] {
-		if m.Attempt < 2 {
-			t.Fatalf("%s delivered at attempt %d after its lock ran out while pending (the renewal was refused); want it released and delivered again", m.BrokerID, m.Attempt)
-		}
-	}
+	requireRedeliveredOnly(ctx, t, src, "while pending (the renewal was refused)")
 }
 
 // TestShareFetchedAheadShortLockRenewed: a record franz-go fetched ahead
@@ -252,9 +230,7 @@ func TestShareFetchedAheadShortLockRenewed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	recs := fetchedAhead(ctx, t, src, 1, -250*time.Millisecond) // a quarter of the lock left
-	src.mu.Lock()
-	src.pending, src.outstanding = recs, len(recs)
-	src.mu.Unlock()
+	filePolled(src, recs)
 	buf := make([]*ackwise.Message, 1)
 	if n, err := src.Receive(ctx, buf); n != 1 || err != nil {
 		t.Fatalf("Receive = %d, %v", n, err)
@@ -271,5 +247,29 @@ func TestShareFetchedAheadShortLockRenewed(t *testing.T) {
 	}
 	if err := src.Ack(ctx, m); err != nil {
 		t.Fatalf("Ack after the fetch-time deadline: %v", err)
+	}
+}
+
+// filePolled files recs as the source's next poll would have taken them.
+func filePolled(src *ShareSource, recs []*kgo.Record) {
+	src.mu.Lock()
+	src.pending, src.outstanding = recs, len(recs)
+	src.mu.Unlock()
+}
+
+// requireRedeliveredOnly receives from src and fails the test if a record
+// whose lock ran out (where says where) is handed out at attempt 1: it
+// must be released, and delivered again at attempt 2 or later.
+func requireRedeliveredOnly(ctx context.Context, t *testing.T, src *ShareSource, where string) {
+	t.Helper()
+	buf := make([]*ackwise.Message, 2)
+	n, err := src.Receive(ctx, buf)
+	if err != nil || n == 0 {
+		t.Fatalf("Receive = %d, %v", n, err)
+	}
+	for _, m := range buf[:n] {
+		if m.Attempt < 2 {
+			t.Fatalf("%s delivered at attempt %d after its lock ran out %s; want it released and delivered again", m.BrokerID, m.Attempt, where)
+		}
 	}
 }
