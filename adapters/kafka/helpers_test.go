@@ -18,12 +18,19 @@ import (
 // newCluster starts an in-process kfake cluster for the test.
 func newCluster(t testing.TB) []string {
 	t.Helper()
+	return newKfake(t).ListenAddrs()
+}
+
+// newKfake is newCluster's broker itself, for tests that observe or hold
+// its requests (ControlKey).
+func newKfake(t testing.TB) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
 	}
 	t.Cleanup(c.Close)
-	return c.ListenAddrs()
+	return c
 }
 
 func uniq(prefix string) string {

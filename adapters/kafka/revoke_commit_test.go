@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
@@ -24,11 +23,7 @@ import (
 // retry copy.
 func TestAckDuringRevokeCommitFails(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := newKfake(t)
 	brokers := c.ListenAddrs()
 	cfg := testConfig(t, brokers, 2)
 	cfg.Options = fastGroup

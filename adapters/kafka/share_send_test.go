@@ -112,11 +112,7 @@ func ackedAlone(ctx context.Context, t *testing.T, src *ShareSource, m *ackwise.
 // may have run out.
 func TestShareRenewalSentAtOnce(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := newKfake(t)
 	acked := make(chan []int64, 16)
 	c.ControlKey(kmsg.ShareAcknowledge.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		offs := ackedOffsets(req)

@@ -24,11 +24,7 @@ import (
 // arriving in the new session.
 func TestReceiveSurvivesLostGroupSession(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := newKfake(t)
 	cfg := testConfig(t, c.ListenAddrs(), 1)
 	cfg.Options = fastGroup
 	sink := openSink(t, cfg)

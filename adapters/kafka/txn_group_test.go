@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/ackwise/ackwise"
 )
@@ -19,11 +18,7 @@ import (
 // for a fatal fetch error and ended.
 func TestTransactSessionSurvivesLostGroupSession(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := newKfake(t)
 	brokers := c.ListenAddrs()
 	cfg := testConfig(t, brokers, 1)
 	cfg.Options = fastGroup
