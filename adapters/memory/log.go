@@ -754,10 +754,14 @@ func (d *logDelivery) currentLocked() bool {
 // settleOnceLocked marks d done, or fails when a settle already did.
 func (s *GroupSource) settleOnceLocked(d *logDelivery) error {
 	if d.done {
-		return fmt.Errorf("memory: %s on %s: already settled or released", d.BrokerID, s.id)
+		return s.settledTwice(d)
 	}
 	d.done = true
 	return nil
+}
+
+func (s *GroupSource) settledTwice(d *logDelivery) error {
+	return fmt.Errorf("memory: %s on %s: already settled or released", d.BrokerID, s.id)
 }
 
 func (s *GroupSource) invalid(d *logDelivery) error {
@@ -839,7 +843,7 @@ func (s *GroupSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 	done := d.done
 	t.mu.Unlock()
 	if done {
-		return fmt.Errorf("memory: %s on %s: already settled or released", d.BrokerID, s.id)
+		return s.settledTwice(d)
 	}
 
 	if err := t.b.deadLetterTo(ctx, t.cfg.DeadLetter, msg, env); err != nil {
