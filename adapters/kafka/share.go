@@ -247,7 +247,7 @@ func (s *ShareSource) renewPending() {
 		now := time.Now()
 		kept := s.pending[:0]
 		for _, r := range s.pending {
-			if rc := (&shareReceipt{r: r, lease: s.lease}); s.pendingExpired(rc, now) {
+			if rc := newShareReceipt(r, s.lease, s.renewedAt); rc.expired(now) {
 				stale = append(stale, rc)
 				continue
 			}
@@ -270,16 +270,6 @@ func (s *ShareSource) renewPending() {
 			s.releaseStale(stale)
 		}
 	}
-}
-
-// pendingExpired reports whether the lock of rc, a record still pending,
-// ran out: a lease after the source last renewed the pending records, else
-// at its fetch-time deadline. Called with s.mu held.
-func (s *ShareSource) pendingExpired(rc *shareReceipt, now time.Time) bool {
-	if !s.renewedAt.IsZero() {
-		rc.renewedAt.Store(s.renewedAt.UnixNano())
-	}
-	return rc.expired(now)
 }
 
 // shareLockDuration reads how long the broker locks a record it hands to a
@@ -495,12 +485,18 @@ func shareMessage(r *kgo.Record, lease time.Duration, renewedAt time.Time) *ackw
 	if dc := int(r.DeliveryCount()); dc > 0 {
 		m.Attempt = dc
 	}
+	m.Handle = newShareReceipt(r, lease, renewedAt)
+	return m
+}
+
+// newShareReceipt is r's receipt; renewedAt is when its lock was last
+// renewed while it waited in the source (zero: not).
+func newShareReceipt(r *kgo.Record, lease time.Duration, renewedAt time.Time) *shareReceipt {
 	rc := &shareReceipt{r: r, lease: lease}
 	if !renewedAt.IsZero() {
 		rc.renewedAt.Store(renewedAt.UnixNano())
 	}
-	m.Handle = rc
-	return m
+	return rc
 }
 
 func (s *ShareSource) receipt(msg *ackwise.Message) (*shareReceipt, error) {
