@@ -660,6 +660,9 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 		}
 		return nil
 	}
+	// A settle may land between the check above and this renewal: franz-go
+	// queues a renewal only over no status (Record.Ack's compare-and-swap
+	// from zero), so the renewal never replaces the settle's status.
 	s.ackMu.RLock()
 	rc.r.Ack(kgo.AckRenew)
 	rc.renewedAt.Store(time.Now().UnixNano())
