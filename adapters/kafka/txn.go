@@ -76,6 +76,9 @@ type TransactSession struct {
 	cfg  TransactConfig
 	sess *kgo.GroupTransactSession
 	log  *slog.Logger
+	// endTimeout bounds the flush of a batch's outputs, and separately the
+	// End of its transaction; tests shorten it.
+	endTimeout time.Duration
 
 	closeOnce sync.Once
 }
@@ -111,7 +114,7 @@ func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSessi
 		sess.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
-	return &TransactSession{cfg: cfg, sess: sess, log: cfg.Logger}, nil
+	return &TransactSession{cfg: cfg, sess: sess, log: cfg.Logger, endTimeout: 30 * time.Second}, nil
 }
 
 // Run consumes batches and runs fn on each message until ctx is done (then
@@ -248,12 +251,14 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 			fnErr = fmt.Errorf("%s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
 		}
 	})
-	// End flushes the outputs; it must not be cut short by ctx (that could
-	// leave the transaction open), so it gets its own bound.
-	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
 	// Flush first so that a failed output aborts instead of committing.
-	ferr := s.sess.Client().Flush(endCtx)
+	// Neither the flush nor End may be cut short by ctx (that could leave
+	// the transaction open until the broker's transaction timeout), and
+	// each gets a bound of its own: a flush that ran out of time (a broker
+	// slow to confirm) must leave End the time to abort.
+	flushCtx, cancelFlush := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
+	ferr := s.sess.Client().Flush(flushCtx)
+	cancelFlush()
 	mu.Lock()
 	perr := produceErr
 	mu.Unlock()
@@ -261,6 +266,8 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 		perr = ferr
 	}
 	commit := fnErr == nil && perr == nil && ctx.Err() == nil
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
+	defer cancel()
 	committed, err := s.sess.End(endCtx, kgo.TransactionEndTry(commit))
 	switch {
 	case err != nil:

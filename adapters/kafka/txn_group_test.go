@@ -22,19 +22,12 @@ func TestTransactSessionSurvivesLostGroupSession(t *testing.T) {
 	brokers := c.ListenAddrs()
 	cfg := testConfig(t, brokers, 1)
 	cfg.Options = fastGroup
-	out := cfg.Topic + ".out"
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := CreateTopics(ctx, Config{Brokers: brokers, Topic: out}, 1, 1); err != nil {
-		t.Fatal(err)
-	}
+	out := outTopic(t, cfg, 1)
 	sink := openSink(t, cfg)
 	publishN(t, sink, 1, func(int) string { return "k" })
-	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
+	sess := openTxn(ctx, t, cfg)
 	fn := func(_ context.Context, m *ackwise.Message, emit func(Output)) error {
 		emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, ID: m.ID})
 		return nil

@@ -3,11 +3,13 @@ package kafka
 import (
 	"context"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ackwise/ackwise"
 )
@@ -22,18 +24,11 @@ func TestTransactSessionOutputIDOverridesCopiedHeader(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
 	cfg := testConfig(t, brokers, 1)
-	out := cfg.Topic + ".out"
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := CreateTopics(ctx, Config{Brokers: brokers, Topic: out}, 1, 1); err != nil {
-		t.Fatal(err)
-	}
+	out := outTopic(t, cfg, 1)
 	in := publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
-	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
+	sess := openTxn(ctx, t, cfg)
 	fn := func(_ context.Context, m *ackwise.Message, emit func(Output)) error {
 		emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, Headers: m.Headers.Clone(), ID: m.ID + "-a"})
 		emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, Headers: m.Headers.Clone(), ID: m.ID + "-b"})
@@ -45,20 +40,7 @@ func TestTransactSessionOutputIDOverridesCopiedHeader(t *testing.T) {
 	defer stop()
 	done := make(chan error, 1)
 	go func() { done <- sess.Run(runCtx, fn) }()
-	adm := kadm.NewClient(sess.sess.Client())
-	for { // polling: the broker has no commit notification
-		offs, err := adm.FetchOffsets(ctx, cfg.Group)
-		if o, ok := offs.Lookup(cfg.Topic, 0); err == nil && ok && o.At == 1 {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("Run = %v before the input was committed", err)
-		case <-ctx.Done():
-			t.Fatal("input offset never committed")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	waitTxnCommitted(ctx, t, sess, cfg, 1, done)
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v", err)
@@ -85,5 +67,73 @@ func TestTransactSessionOutputIDOverridesCopiedHeader(t *testing.T) {
 	want := []string{in[0].ID, in[0].ID + "-a", in[0].ID + "-b"}
 	if len(ids) != len(want) || ids[0] != want[0] || ids[1] != want[1] || ids[2] != want[2] {
 		t.Fatalf("output event IDs %q, want %q", ids, want)
+	}
+}
+
+// waitTxnCommitted waits until sess, running with its result going to done,
+// committed the input offset at of partition 0 of cfg.Topic.
+func waitTxnCommitted(ctx context.Context, t *testing.T, sess *TransactSession, cfg Config, at int64, done <-chan error) {
+	t.Helper()
+	adm := kadm.NewClient(sess.sess.Client())
+	for { // polling: the broker has no commit notification
+		offs, err := adm.FetchOffsets(ctx, cfg.Group)
+		if o, ok := offs.Lookup(cfg.Topic, 0); err == nil && ok && o.At == at {
+			return
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("Run = %v before the input was committed", err)
+		case <-ctx.Done():
+			t.Fatal("input offset never committed")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// TestTransactSessionAbortsAfterFlushTimeout: a flush of the outputs that
+// runs out of time (the broker slow to confirm them) aborts the batch,
+// which is consumed again and commits once. Before, the flush and End
+// shared one budget: the flush used it up, End failed at once without
+// aborting, Run ended, and the transaction stayed open until the broker's
+// transaction timeout.
+func TestTransactSessionAbortsAfterFlushTimeout(t *testing.T) {
+	t.Parallel()
+	c := newKfake(t)
+	brokers := c.ListenAddrs()
+	cfg := testConfig(t, brokers, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out := outTopic(t, cfg, 1)
+	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	sess := openTxn(ctx, t, cfg)
+	sess.endTimeout = time.Second
+	// The first produce from here on, the output's, is answered after one
+	// and a half flush budgets: a slow broker, not a wait for an event. The
+	// flush runs out of time; End, with a budget of its own, has the time
+	// to wait for the produce and abort.
+	var slowed atomic.Bool
+	c.ControlKey(kmsg.Produce.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		if slowed.CompareAndSwap(false, true) {
+			c.SleepControl(func() { time.Sleep(sess.endTimeout * 3 / 2) })
+		}
+		c.DropControl()
+		return nil, nil, false // kfake handles it
+	})
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- sess.Run(runCtx, func(_ context.Context, m *ackwise.Message, emit func(Output)) error {
+			emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, ID: m.ID})
+			return nil
+		})
+	}()
+	waitTxnCommitted(ctx, t, sess, cfg, 1, done)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if recs := readIsolated(ctx, t, brokers, out, kgo.ReadCommitted()); len(recs) != 1 {
+		t.Fatalf("%d committed outputs, want 1 (the aborted attempt's output invisible)", len(recs))
 	}
 }

@@ -23,19 +23,12 @@ func TestTransactSessionExactlyOnce(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
 	cfg := testConfig(t, brokers, 2)
-	out := cfg.Topic + ".out"
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := CreateTopics(ctx, Config{Brokers: brokers, Topic: out}, 2, 1); err != nil {
-		t.Fatal(err)
-	}
+	out := outTopic(t, cfg, 2)
 	const n = 20
 	in := publishN(t, openSink(t, cfg), n, func(i int) string { return "k" + string(rune('a'+i%5)) })
-	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
+	sess := openTxn(ctx, t, cfg)
 	var failedOnce, calls atomic.Int64
 	fn := func(_ context.Context, m *ackwise.Message, emit func(Output)) error {
 		calls.Add(1)
@@ -142,11 +135,7 @@ func TestTransactSessionPausesAfterFailedBatch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
-	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
+	sess := openTxn(ctx, t, cfg)
 	var calls atomic.Int64
 	second := make(chan struct{})
 	fn := func(context.Context, *ackwise.Message, func(Output)) error {
@@ -185,14 +174,10 @@ func TestTransactSessionReturnsFatalFetchError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	cfg := unreadableTopic(ctx, t)
-	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sess.Close()
+	sess := openTxn(ctx, t, cfg)
 	runCtx, stop := context.WithTimeout(ctx, 10*time.Second)
 	defer stop()
-	err = sess.Run(runCtx, func(context.Context, *ackwise.Message, func(Output)) error { return nil })
+	err := sess.Run(runCtx, func(context.Context, *ackwise.Message, func(Output)) error { return nil })
 	if err == nil || runCtx.Err() != nil {
 		t.Fatalf("Run without read permission = %v (context: %v), want the fetch's error", err, runCtx.Err())
 	}
@@ -200,4 +185,28 @@ func TestTransactSessionReturnsFatalFetchError(t *testing.T) {
 	if kerr.IsRetriable(err) {
 		t.Fatalf("Run returned a retriable error: %v", err)
 	}
+}
+
+// openTxn opens a transact session on cfg, closed when the test ends.
+func openTxn(ctx context.Context, t *testing.T, cfg Config) *TransactSession {
+	t.Helper()
+	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sess.Close() })
+	return sess
+}
+
+// outTopic creates the output topic of cfg's test, with partitions
+// partitions, and returns its name.
+func outTopic(t *testing.T, cfg Config, partitions int32) string {
+	t.Helper()
+	out := cfg.Topic + ".out"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := CreateTopics(ctx, Config{Brokers: cfg.Brokers, Topic: out}, partitions, 1); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
