@@ -59,6 +59,12 @@ const DefaultShareLease = 30 * time.Second
 // others: it sends it on its own, a release instead once the lock ran out,
 // and no renewal then.
 //
+// Renewing a lock takes Kafka 4.2 (KIP-1222, ShareAcknowledge v2). On older
+// brokers nothing renews locks: Capabilities reports no ExtendLease (the
+// engine then runs no heartbeat), ExtendLease fails, and a record whose
+// handler outlasts its lock is delivered again. Keep handlers well within
+// the lock there, or raise share.record.lock.duration.ms.
+//
 // Receive must be called from one goroutine at a time; the settle methods
 // may be called concurrently.
 type ShareSource struct {
@@ -66,6 +72,8 @@ type ShareSource struct {
 	cl    *kgo.Client
 	log   *slog.Logger
 	lease time.Duration
+	// renews reports whether the brokers renew locks (Kafka 4.2+).
+	renews bool
 
 	mu          sync.Mutex
 	pending     []*kgo.Record // this poll's records not yet delivered
@@ -201,11 +209,43 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 			"group", cfg.Group, "assumed", DefaultShareLease, "err", err)
 		lease = DefaultShareLease
 	}
-	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease, flushNow: make(chan struct{}, 1)}
+	renews, err := brokersRenewLocks(ctx, cl)
+	if err != nil {
+		cfg.Logger.Warn("kafka: cannot read the brokers' API versions; assuming they renew share locks (Kafka 4.2+)", "err", err)
+		renews = true
+	}
+	if !renews {
+		cfg.Logger.Warn("kafka: the brokers do not renew share locks (before Kafka 4.2): a handler that outlasts a record's lock has the record delivered again",
+			"group", cfg.Group, "lock", lease)
+	}
+	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease, renews: renews, flushNow: make(chan struct{}, 1)}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	s.renewing.Add(1)
 	go s.renewPending()
 	return s, nil
+}
+
+// brokersRenewLocks reports whether every broker renews share locks: the
+// renewal (KIP-1222) came with ShareAcknowledge v2, in Kafka 4.2.
+func brokersRenewLocks(ctx context.Context, cl *kgo.Client) (bool, error) {
+	vs, err := kadm.NewClient(cl).ApiVersions(ctx)
+	if err != nil {
+		return false, err
+	}
+	renews, seen := true, false
+	for _, v := range vs.Sorted() {
+		if v.Err != nil {
+			return false, fmt.Errorf("broker %d: %w", v.NodeID, v.Err)
+		}
+		seen = true
+		if max, ok := v.KeyMaxVersion(kmsg.ShareAcknowledge.Int16()); !ok || max < 2 {
+			renews = false
+		}
+	}
+	if !seen {
+		return false, errors.New("no broker answered")
+	}
+	return renews, nil
 }
 
 // renewPending renews the locks of the records polled but not handed out
@@ -252,10 +292,12 @@ func (s *ShareSource) renewPending() {
 				continue
 			}
 			kept = append(kept, r)
-			r.Ack(kgo.AckRenew)
+			if s.renews {
+				r.Ack(kgo.AckRenew)
+			}
 		}
 		s.pending = kept
-		if len(s.pending) > 0 {
+		if len(s.pending) > 0 && s.renews {
 			s.renewedAt = now
 		}
 		s.mu.Unlock()
@@ -361,11 +403,11 @@ func (s *ShareSource) Client() *kgo.Client { return s.cl }
 
 // Capabilities: DeliveryCount (Attempt is the broker's delivery count),
 // Lease (the acquisition lock, as the group's or the broker's config says
-// when the source was opened: 30s by default) with ExtendLease (AckRenew,
-// Kafka 4.2+). No Delay: Release redelivers at once, so the engine retries
+// when the source was opened: 30s by default) with ExtendLease (AckRenew)
+// when the brokers are Kafka 4.2 or later. No Delay: Release redelivers at once, so the engine retries
 // in place. Not Ordered: members of a share group share partitions.
 func (s *ShareSource) Capabilities() adapters.Capabilities {
-	return adapters.Capabilities{Lease: s.lease, ExtendLease: true, DeliveryCount: true}
+	return adapters.Capabilities{Lease: s.lease, ExtendLease: s.renews, DeliveryCount: true}
 }
 
 // Receive hands out the records of the current poll; once all are handed
@@ -393,7 +435,7 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 				switch rc := m.Handle.(*shareReceipt); {
 				case rc.expired(now):
 					stale = append(stale, rc)
-				case rc.expiresWithin(now, s.nearExpiry()):
+				case rc.expiresWithin(now, s.nearExpiry()) && s.renews:
 					short = append(short, m)
 				default:
 					buf[n] = m
@@ -630,7 +672,7 @@ func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 		// copy beside the redelivered record. settle releases it.
 		return s.settle(msg, kgo.AckRelease)
 	}
-	if rc.expiresWithin(now, s.nearExpiry()) && !s.sendAlone(rc, kgo.AckRenew) {
+	if rc.expiresWithin(now, s.nearExpiry()) && s.renews && !s.sendAlone(rc, kgo.AckRenew) {
 		// The produce must end before the lock does, or the record is
 		// released after its dead letter was written: renew it first.
 		return s.settle(msg, kgo.AckRelease)
@@ -642,12 +684,15 @@ func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 	return s.settle(msg, kgo.AckAccept)
 }
 
-// ExtendLease renews msg's acquisition lock (AckRenew, Kafka 4.2+; a
-// broker without it lets the lock run out). d is the broker's to decide.
+// ExtendLease renews msg's acquisition lock (AckRenew, Kafka 4.2+; it
+// fails on older brokers, see Capabilities). d is the broker's to decide.
 func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ time.Duration) error {
 	rc, err := s.receipt(msg)
 	if err != nil {
 		return err
+	}
+	if !s.renews {
+		return fmt.Errorf("kafka: %s: the brokers do not renew share locks (Kafka 4.2+)", msg.BrokerID)
 	}
 	if rc.settled.Load() {
 		return nil
@@ -676,8 +721,7 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 
 // Valid reports whether msg is unsettled, the source is open and its
 // acquisition lock has not run out (a renewed lock is reckoned from when the
-// renewal was sent; on a broker before Kafka 4.2, which does not renew,
-// that is later than the lock's real end).
+// renewal was sent).
 func (s *ShareSource) Valid(msg *ackwise.Message) bool {
 	rc, ok := msg.Handle.(*shareReceipt)
 	if !ok || rc.settled.Load() || s.closed.Load() {

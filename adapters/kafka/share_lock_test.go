@@ -114,15 +114,15 @@ func shortLockCluster(t *testing.T, lockMs, limit string) []string {
 }
 
 // shortLockKfake is shortLockCluster's broker itself, for tests that
-// observe its requests.
-func shortLockKfake(t *testing.T, lockMs, limit string) *kfake.Cluster {
+// observe its requests, with opts added.
+func shortLockKfake(t *testing.T, lockMs, limit string, opts ...kfake.Opt) *kfake.Cluster {
 	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
+	c, err := kfake.NewCluster(append([]kfake.Opt{kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
 		kfake.BrokerConfigs(map[string]string{
 			"group.share.record.lock.duration.ms": lockMs,
 			"share.record.lock.sweep.interval.ms": "100",
 			"group.share.delivery.count.limit":    limit,
-		}))
+		})}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
