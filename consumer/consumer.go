@@ -362,9 +362,14 @@ func (c *Consumer) signalSpace() {
 type result int
 
 const (
-	settled   result = iota // settled or released: the caller finishes it
+	settled   result = iota // settled: the caller finishes it
 	held                    // still in flight: waiting in place or held by the breaker
 	succeeded               // the handler returned nil: the caller acks it, then finishes it
+	// returned: handed back to the broker unsettled (released, or its
+	// settle failed), so it comes back later. The caller finishes it and
+	// releases the messages queued behind it in its lane: run now, they
+	// would overtake it.
+	returned
 )
 
 // process runs t's message and settles it, except a success, which the
@@ -374,7 +379,7 @@ func (c *Consumer) process(ctx context.Context, t task) (res result, elapsed tim
 	msg := t.msg
 	if c.stopping.Load() || !c.src.Valid(msg) {
 		c.release(msg)
-		return settled, 0
+		return returned, 0
 	}
 	var start time.Time
 	if c.cfg.Observer != nil {
@@ -395,7 +400,7 @@ func (c *Consumer) process(ctx context.Context, t task) (res result, elapsed tim
 		// it returned, the work did not finish, so the message is not
 		// settled (invariant 7).
 		c.release(msg)
-		return settled, 0
+		return returned, 0
 	}
 	cl := ackwise.Classify(err, c.cfg.Classifiers...)
 	var panicked *panicError
@@ -405,14 +410,11 @@ func (c *Consumer) process(ctx context.Context, t task) (res result, elapsed tim
 			cl.Class = ackwise.ClassTransient
 		}
 	}
-	if c.fail(t, err, cl, elapsed) {
-		return held, 0
-	}
-	return settled, 0
+	return c.fail(t, err, cl, elapsed), 0
 }
 
 // fail settles a failed message according to its class.
-func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed time.Duration) bool {
+func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed time.Duration) result {
 	msg := t.msg
 	sctx := c.settleCtx
 	now := c.clock.Now()
@@ -422,15 +424,14 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	switch cl.Class {
 	case ackwise.ClassDiscard:
 		c.log.Debug("discarded", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
-		c.settle(msg, Discarded, elapsed, c.src.Ack(sctx, msg))
-		return false
+		return c.settle(msg, Discarded, elapsed, c.src.Ack(sctx, msg))
 	case ackwise.ClassPermanent:
 		return c.deadLetter(sctx, msg, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
 	}
 	if c.breaker != nil && c.breakerFailure(t, cl.After) {
 		// The dependency looks down: hold the message without spending an
 		// attempt; the breaker probes with it later.
-		return true
+		return held
 	}
 	if c.cfg.Retry.Exhausted(msg.Attempt) {
 		return c.deadLetter(sctx, msg, dlq.ReasonMaxAttempts, err, cl.Class, now, elapsed)
@@ -443,16 +444,16 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	if c.inPlace {
 		if c.stopping.Load() {
 			c.release(msg) // no new waits during the drain
-			return false
+			return returned
 		}
 		// Observe before the wait is scheduled: once it is, the message may
 		// run again on another worker.
 		c.observe(msg, Retried, elapsed)
 		if !c.waitInPlace(t, delay) {
 			c.release(msg)
-			return false
+			return returned
 		}
-		return true
+		return held
 	}
 	// Only the broker's delay has a ceiling: a wait in place is the
 	// engine's own timer, and honours a RetryAfter longer than the
@@ -460,26 +461,24 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	if c.caps.MaxDelay > 0 && delay > c.caps.MaxDelay {
 		delay = c.caps.MaxDelay
 	}
-	c.settle(msg, Retried, elapsed, c.src.Nack(sctx, msg, delay))
-	return false
+	return c.settle(msg, Retried, elapsed, c.src.Nack(sctx, msg, delay))
 }
 
-func (c *Consumer) deadLetter(ctx context.Context, msg *ackwise.Message, reason dlq.Reason, err error, class ackwise.Class, now time.Time, elapsed time.Duration) bool {
+func (c *Consumer) deadLetter(ctx context.Context, msg *ackwise.Message, reason dlq.Reason, err error, class ackwise.Class, now time.Time, elapsed time.Duration) result {
 	env := dlq.New(msg, reason, err, class, now, c.cfg.Name, c.cfg.Version)
 	if derr := c.src.DeadLetter(ctx, msg, env); derr != nil {
 		// The move was not confirmed, so the message must not be acked
 		// (invariant 3): hand it back for redelivery.
 		c.log.Error("dead-letter failed; message left for redelivery", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", derr))
-		c.settle(msg, DeadLettered, elapsed, derr)
-		return false
+		return c.settle(msg, DeadLettered, elapsed, derr)
 	}
 	c.log.Warn("dead-lettered", slog.String("event_id", adapters.EventID(msg)), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
-	c.settle(msg, DeadLettered, elapsed, nil)
-	return false
+	return c.settle(msg, DeadLettered, elapsed, nil)
 }
 
-// settle records the outcome of a settle call.
-func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration, err error) {
+// settle records the outcome of a settle call: settled, or returned when it
+// failed (the broker redelivers msg).
+func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration, err error) result {
 	if err != nil {
 		if !errors.Is(err, adapters.ErrReceiptInvalid) {
 			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
@@ -488,9 +487,11 @@ func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration
 			// closes). Release is never an ack, so this is always safe.
 			_ = c.src.Release(context.Background(), msg)
 		}
-		o = SettleFailed
+		c.observe(msg, SettleFailed, elapsed)
+		return returned
 	}
 	c.observe(msg, o, elapsed)
+	return settled
 }
 
 func (c *Consumer) observe(msg *ackwise.Message, o Outcome, elapsed time.Duration) {

@@ -130,7 +130,7 @@ type workerState struct {
 type ran struct {
 	task
 	elapsed time.Duration
-	ack     bool // the handler succeeded: ack before finishing
+	res     result // settled, returned, or succeeded: ack before finishing
 }
 
 // pace tells how long a message takes to run and picks the hand-off.
@@ -424,7 +424,7 @@ func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chu
 			runtime.Gosched() // the stall watch is taking w.ran: a few instructions
 		}
 		if res != held {
-			w.ran = append(w.ran, ran{t, elapsed, res == succeeded})
+			w.ran = append(w.ran, ran{t, elapsed, res})
 		}
 		if n == flushEvery && !ch.exhausted() {
 			now := monotime()
@@ -547,16 +547,26 @@ func (c *Consumer) handOff(next *chunk) {
 // all under one lock. It returns the next messages of their lanes as a
 // chunk, or nil. When done is not nil, w is done with that chunk, and it is
 // recycled.
+//
+// The messages behind a returned message in its lane are released, not
+// run: the broker redelivers them after it, so its key keeps its order.
 func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 	c.ackRan(w)
 	c.mu.Lock()
-	var next *chunk
+	var next, drop *chunk
 	if len(w.ran) > 0 {
 		for _, r := range w.ran {
 			if c.recycler != nil && !c.heartbeatHoldsLocked(r.msg) {
 				w.done = append(w.done, r.msg)
 			}
 			if nt, ok := c.finishLocked(r.task); ok {
+				if r.res == returned {
+					if drop == nil {
+						drop = c.newChunkLocked()
+					}
+					drop.tasks = append(drop.tasks, nt)
+					continue
+				}
 				if next == nil {
 					next = c.newChunkLocked()
 				}
@@ -577,6 +587,11 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 		// Not cleared: recycled messages are the source's to keep.
 		w.done = w.done[:0]
 	}
+	if drop != nil {
+		// Their lanes stay busy until the last message queued is released:
+		// one received meanwhile is queued, and released too.
+		c.releaseChunk(nil, drop)
+	}
 	return next
 }
 
@@ -584,15 +599,15 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 // batch when the source acks batches.
 func (c *Consumer) ackRan(w *workerState) {
 	if c.acker == nil {
-		for _, r := range w.ran {
-			if r.ack {
-				c.settle(r.msg, Acked, r.elapsed, c.src.Ack(c.settleCtx, r.msg))
+		for i := range w.ran {
+			if r := &w.ran[i]; r.res == succeeded {
+				r.res = c.settle(r.msg, Acked, r.elapsed, c.src.Ack(c.settleCtx, r.msg))
 			}
 		}
 		return
 	}
 	for _, r := range w.ran {
-		if r.ack {
+		if r.res == succeeded {
 			w.acks = append(w.acks, r.msg)
 		}
 	}
@@ -605,14 +620,15 @@ func (c *Consumer) ackRan(w *workerState) {
 	errs := w.ackErrs[:len(w.acks)]
 	c.acker.AckBatch(c.settleCtx, w.acks, errs)
 	i, acked, failed := 0, 0, false
-	for _, r := range w.ran {
-		if !r.ack {
+	for j := range w.ran {
+		r := &w.ran[j]
+		if r.res != succeeded {
 			continue
 		}
 		switch {
 		case errs[i] != nil:
 			failed = true
-			c.settle(r.msg, Acked, r.elapsed, errs[i])
+			r.res = c.settle(r.msg, Acked, r.elapsed, errs[i])
 		case c.cfg.Observer == nil:
 			acked++ // counted at once below
 		default:

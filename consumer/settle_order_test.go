@@ -1,0 +1,240 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/memory"
+	"github.com/ackwise/ackwise/adapters/memory/memorytest"
+	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// failingSettle fails one settle call, op ("ack", "nack" or "dead-letter"),
+// of the message bad on its first delivery, as a broker whose connection
+// dropped under the call would.
+type failingSettle struct {
+	*fakeSource
+	op, bad string
+}
+
+func (s failingSettle) fails(op string, m *ackwise.Message) error {
+	if op == s.op && m.ID == s.bad && m.Attempt == 1 {
+		return errors.New(op + ": connection reset by peer")
+	}
+	return nil
+}
+
+func (s failingSettle) Ack(ctx context.Context, m *ackwise.Message) error {
+	if err := s.fails("ack", m); err != nil {
+		return err
+	}
+	return s.fakeSource.Ack(ctx, m)
+}
+
+func (s failingSettle) Nack(ctx context.Context, m *ackwise.Message, d time.Duration) error {
+	if err := s.fails("nack", m); err != nil {
+		return err
+	}
+	return s.fakeSource.Nack(ctx, m, d)
+}
+
+func (s failingSettle) DeadLetter(ctx context.Context, m *ackwise.Message, env dlq.Envelope) error {
+	if err := s.fails("dead-letter", m); err != nil {
+		return err
+	}
+	return s.fakeSource.DeadLetter(ctx, m, env)
+}
+
+// failingSettleBatch acks in batches, failing as failingSettle does.
+type failingSettleBatch struct{ failingSettle }
+
+func (s failingSettleBatch) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
+	for i, m := range msgs {
+		errs[i] = s.Ack(ctx, m)
+	}
+}
+
+// When the settle of an ordered message fails, the engine releases it (the
+// broker redelivers it); the message queued behind it in its lane must not
+// run before that redelivery, or it would overtake it: it is released too.
+// For a failed Ack (one at a time and in a batch), Nack and DeadLetter, per
+// key and per partition, in each pace.
+func TestFailedSettleReleasesLane(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"ack", "batch-ack", "nack", "dead-letter"} {
+		for _, ordering := range []consumer.Ordering{consumer.OrderKey, consumer.OrderPartition} {
+			for _, pace := range paces {
+				t.Run(fmt.Sprintf("%s/%v/%s", op, ordering, pace), func(t *testing.T) {
+					failedSettleReleasesLane(t, op, ordering, pace)
+				})
+			}
+		}
+	}
+}
+
+func failedSettleReleasesLane(t *testing.T, op string, ordering consumer.Ordering, pace string) {
+	// Two messages of one lane: of one key, or of two keys on one
+	// partition.
+	keys := 1
+	if ordering == consumer.OrderPartition {
+		keys = 2
+	}
+	in := msgs(2, keys)
+	fs := newFakeSource(adapters.Capabilities{Delay: true}, in...)
+	fail := failingSettle{fs, op, in[0].ID}
+	var src adapters.Source = fail
+	if op == "batch-ack" {
+		fail.op = "ack"
+		src = failingSettleBatch{fail}
+	}
+	var mu sync.Mutex
+	var handled []string
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		mu.Lock()
+		handled = append(handled, fmt.Sprintf("%s#%d", m.ID, m.Attempt))
+		mu.Unlock()
+		if m.ID == in[0].ID && m.Attempt == 1 {
+			switch op {
+			case "nack":
+				return errDown
+			case "dead-letter":
+				return ackwise.Permanent(errDown)
+			}
+		}
+		return nil
+	})
+	c := newPaced(t, src, h, consumer.Config{Ordering: ordering, RetryMode: consumer.RetryBroker}, pace)
+	run(t, c)
+
+	// e0's settle fails: it is released, and so is e1, unhandled.
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool {
+		return s.SettleFailed == 1 && s.Released+s.Acked == 1 && s.InFlight == 0
+	}) {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	mu.Lock()
+	got := slices.Clone(handled)
+	mu.Unlock()
+	if want := []string{"e0#1"}; !slices.Equal(got, want) {
+		t.Fatalf("handled %v before e0 came back, want %v: e1 overtook e0", got, want)
+	}
+	fs.mu.Lock()
+	var released []string
+	for _, m := range fs.released {
+		released = append(released, m.ID)
+	}
+	fs.mu.Unlock()
+	if want := []string{"e0", "e1"}; !slices.Equal(released, want) {
+		t.Fatalf("released %v, want %v", released, want)
+	}
+
+	// The broker redelivers both, in order: they run in order.
+	var again []*ackwise.Message
+	for _, m := range in {
+		r := *m
+		r.Attempt = 2
+		again = append(again, &r)
+	}
+	fs.push(again...)
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Acked == 2 && s.InFlight == 0 }) {
+		t.Fatalf("stats after redelivery %+v", c.Stats())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"e0#1", "e0#2", "e1#2"}; !slices.Equal(handled, want) {
+		t.Fatalf("handled %v, want %v", handled, want)
+	}
+}
+
+// End to end on the memory log (ordered, like a Kafka partition): the ack,
+// or the dead letter, of a key's first message fails once, and the broker
+// redelivers it. The effects of the key's messages still happen in publish
+// order: the messages queued behind the failed one are released with it,
+// and the log redelivers them after it.
+func TestFailedSettleKeepsKeyOrderMemory(t *testing.T) {
+	t.Parallel()
+	for _, op := range []string{"ack", "dead-letter"} {
+		t.Run(op, func(t *testing.T) {
+			t.Parallel()
+			br, _ := memorytest.NewBroker(t)
+			topic := memorytest.UniqueName(t)
+			if err := br.CreateTopic(topic, memory.TopicConfig{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := br.CreateQueue(topic+memory.DeadLetterSuffix, memory.QueueConfig{}); err != nil {
+				t.Fatal(err)
+			}
+			const n = 10
+			var pub []*ackwise.Message
+			for i := range n {
+				for _, key := range []string{"a", "b"} {
+					pub = append(pub, memorytest.Msg(fmt.Sprintf("%s-%d", key, i), key, fmt.Sprint(i)))
+				}
+			}
+			var fault *memory.InjectedFault
+			switch op {
+			case "ack":
+				fault = memorytest.Inject(t, br, topic, memory.Fault{Kind: memory.FaultFailAck, Count: 1, Match: func(m *ackwise.Message) bool { return m.ID == "a-0" }})
+			case "dead-letter":
+				fault = memorytest.Inject(t, br, topic+memory.DeadLetterSuffix, memory.Fault{Kind: memory.FaultFailPublish, Count: 1})
+			}
+			// Published before the consumer starts: a-1… are received with
+			// a-0 and wait behind it in its lane.
+			memorytest.Publish(t, br, topic, pub...)
+			src, err := br.JoinGroup(topic, "g")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { src.Close() })
+
+			var mu sync.Mutex
+			effects := map[string][]int{}
+			h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+				i, _ := strconv.Atoi(string(m.Payload))
+				mu.Lock()
+				effects[m.Key] = append(effects[m.Key], i)
+				mu.Unlock()
+				if op == "dead-letter" && m.ID == "a-0" && m.Attempt == 1 {
+					return ackwise.Permanent(errors.New("invalid order"))
+				}
+				return nil
+			})
+			c, err := consumer.New(src, h, consumer.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			run(t, c)
+			if !waitStats(c, 10*time.Second, func(s consumer.Stats) bool { return s.Acked == 2*n && s.InFlight == 0 }) {
+				t.Fatalf("stats %+v", c.Stats())
+			}
+			if got := fault.Fired(); got != 1 {
+				t.Fatalf("fault fired %d times, want 1", got)
+			}
+			if st := c.Stats(); st.SettleFailed != 1 {
+				t.Fatalf("settle failed %d, want 1", st.SettleFailed)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			for key, seq := range effects {
+				// a-0 runs twice (its first settle failed), never after a
+				// later message of its key.
+				if !slices.IsSorted(seq) {
+					t.Errorf("key %s: effects in order %v", key, seq)
+				}
+			}
+			if want := n + 1; len(effects["a"]) != want {
+				t.Errorf("key a: %d effects, want %d", len(effects["a"]), want)
+			}
+			memorytest.RequireHandledInOrder(t, br, topic, "a")
+		})
+	}
+}
