@@ -33,7 +33,10 @@
 // milliseconds at most: a stall watch (every 2ms) then acknowledges and
 // finishes those, hands the rest to the other workers and falls back to one
 // message at a time. Per-key order, Concurrency and MaxInFlight hold in
-// every mode.
+// every mode. A message that goes back to the broker unsettled (its settle
+// failed, or it was released) takes the messages waiting behind it in its
+// lane back with it, unrun, so that they do not overtake its redelivery
+// (docs/ordering.md).
 //
 // The handler pipeline has a fixed order owned by the engine: recover →
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →
