@@ -130,7 +130,7 @@ type workerState struct {
 type ran struct {
 	task
 	elapsed time.Duration
-	res     result // settled, returned, or succeeded: ack before finishing
+	res     result // succeeded: ack before finishing; returned: release the lane behind it
 }
 
 // pace tells how long a message takes to run and picks the hand-off.
