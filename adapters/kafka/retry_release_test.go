@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -65,5 +66,31 @@ func releaseHeldRetry(t *testing.T, room int) {
 	}
 	if buf[0].ID != "due" {
 		t.Fatalf("delivered %s, want the released record", buf[0].ID)
+	}
+}
+
+// TestReleaseNotOvertakenByFetchedRecords: records fetched with a released
+// record, not yet delivered, wait for it: the partition is rewound to the
+// released record, and it comes first, then the rest in offset order. Before,
+// the records waiting in the source were delivered at once, ahead of the
+// released one (a key's later message ran before its earlier one came back).
+func TestReleaseNotOvertakenByFetchedRecords(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	publishN(t, openSink(t, cfg), 4, func(int) string { return "k" })
+	src := openSource(t, cfg)
+	first := receiveN(t, src, 1)[0] // the other three wait in the source
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := src.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	var got []int64
+	for _, m := range receiveN(t, src, 4) {
+		got = append(got, m.Offset)
+	}
+	if want := []int64{0, 1, 2, 3}; !slices.Equal(got, want) {
+		t.Fatalf("offsets after the release of offset %d: %v, want %v", first.Offset, got, want)
 	}
 }

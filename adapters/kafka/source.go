@@ -588,6 +588,13 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 			}
 			continue
 		}
+		if p.released > 0 {
+			// New, but a released record of p waits to be fetched again
+			// (see rewind), and this one comes again after it: delivered
+			// now, it would overtake the released record, and its key's
+			// order would break. Dropped untracked, as if never fetched.
+			continue
+		}
 		if p.skip != nil {
 			if _, ok := p.skip[r.Offset]; ok {
 				p.trackSettled(r.Offset, r.LeaderEpoch)

@@ -59,6 +59,7 @@ type partition struct {
 	committed int64 // last committed offset; -1 if none
 
 	inflight int           // tracked records delivered and neither settled nor released
+	released int           // tracked records released and not fetched again yet
 	drained  chan struct{} // closed when inflight reaches 0 while revoking
 
 	held   []heldRecord // retry-topic records not yet due, in offset order
@@ -148,6 +149,9 @@ func (p *partition) settleGen(seq int64, gen uint16, st uint8) bool {
 	i := p.index(seq)
 	p.ents[i].st = st
 	p.inflight--
+	if st == stReleased {
+		p.released++
+	}
 	if p.inflight == 0 && p.drained != nil {
 		close(p.drained)
 		p.drained = nil
@@ -176,6 +180,9 @@ func (p *partition) find(off int64) int {
 
 // firstReleased returns the offset of the first released record, or -1.
 func (p *partition) firstReleased() int64 {
+	if p.released == 0 {
+		return -1
+	}
 	for _, e := range p.ents[p.head:] {
 		if e.st == stReleased {
 			return e.off
@@ -196,6 +203,7 @@ func (p *partition) redeliver(off int64) (seq int64, gen uint16, ok bool) {
 	e.st = stInflight
 	e.gen++
 	p.inflight++
+	p.released--
 	return p.base + int64(i), e.gen, true
 }
 
