@@ -40,7 +40,7 @@ func BenchmarkDeliverAck(b *testing.B) {
 		}
 		fs := kgo.Fetches{{Topics: []kgo.FetchTopic{{Topic: "orders-abcdef", Partitions: []kgo.FetchPartition{{Partition: 3, Records: append([]*kgo.Record(nil), recs...)}}}}}}
 		b.StartTimer()
-		s.stash(fs)
+		s.stash(fs, 1)
 		for {
 			k, _ := s.deliverPending(buf, now)
 			if k == 0 {

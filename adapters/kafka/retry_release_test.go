@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
@@ -76,21 +77,95 @@ func releaseHeldRetry(t *testing.T, room int) {
 // released one (a key's later message ran before its earlier one came back).
 func TestReleaseNotOvertakenByFetchedRecords(t *testing.T) {
 	t.Parallel()
-	brokers := newCluster(t)
-	cfg := testConfig(t, brokers, 1)
-	publishN(t, openSink(t, cfg), 4, func(int) string { return "k" })
-	src := openSource(t, cfg)
-	first := receiveN(t, src, 1)[0] // the other three wait in the source
+	src, first := firstOfFour(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := src.Release(ctx, first); err != nil {
 		t.Fatal(err)
 	}
+	requireOffsets(t, src, 0, 1, 2, 3)
+}
+
+// TestReleasedRecordGoneDoesNotStall: a released record that is no longer in
+// the log when the partition is fetched again (deleted by retention, or
+// compacted away) is given up, with a warning, and the partition goes on.
+// Records fetched after the rewind to it are not held back waiting for it:
+// they would wait for ever.
+func TestReleasedRecordGoneDoesNotStall(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	sink := openSink(t, cfg)
+	publishN(t, sink, 2, func(int) string { return "k" })
+	src := openSource(t, cfg)
+	first := receiveN(t, src, 1)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Retention deletes the records before the rewind fetches them again.
+	dr, err := kadm.NewClient(src.Client()).DeleteRecords(ctx, kadm.Offsets{cfg.Topic: {0: {At: 2}}})
+	if err == nil {
+		err = dr.Error()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	publishN(t, sink, 1, func(int) string { return "k" })
+	got := receiveN(t, src, 1)[0]
+	if got.Offset != 2 {
+		t.Fatalf("delivered offset %d, want 2, the one record left", got.Offset)
+	}
+	if err := src.Ack(ctx, got); err != nil {
+		t.Fatal(err)
+	}
+	waitCommitted(t, brokers, cfg.Group, cfg.Topic, 0, 3)
+}
+
+// TestReleaseBeforeItsRewindHoldsFetchedRecords: between a Release and its
+// rewind, records fetched before are still held back, not taken for
+// records past a released record that is gone from the log (which would
+// settle the released record unhandled: lost).
+func TestReleaseBeforeItsRewindHoldsFetchedRecords(t *testing.T) {
+	t.Parallel()
+	src, first := firstOfFour(t)
+	src.testRewindChecked = func() {
+		src.testRewindChecked = nil
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		buf := make([]*ackwise.Message, 4)
+		if n, _ := src.Receive(ctx, buf); n > 0 {
+			t.Errorf("offset %d delivered before the rewind to the released offset %d", buf[0].Offset, first.Offset)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := src.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	requireOffsets(t, src, 0, 1, 2, 3)
+}
+
+// requireOffsets receives len(want) messages from src and checks their
+// offsets, in order.
+func requireOffsets(t *testing.T, src *Source, want ...int64) {
+	t.Helper()
 	var got []int64
-	for _, m := range receiveN(t, src, 4) {
+	for _, m := range receiveN(t, src, len(want)) {
 		got = append(got, m.Offset)
 	}
-	if want := []int64{0, 1, 2, 3}; !slices.Equal(got, want) {
-		t.Fatalf("offsets after the release of offset %d: %v, want %v", first.Offset, got, want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("offsets delivered %v, want %v", got, want)
 	}
+}
+
+// firstOfFour opens a source on a partition of four records of one key and
+// receives the first; the other three wait in the source.
+func firstOfFour(t *testing.T) (*Source, *ackwise.Message) {
+	t.Helper()
+	cfg := testConfig(t, newCluster(t), 1)
+	publishN(t, openSink(t, cfg), 4, func(int) string { return "k" })
+	src := openSource(t, cfg)
+	return src, receiveN(t, src, 1)[0]
 }

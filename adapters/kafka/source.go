@@ -39,8 +39,9 @@ type Source struct {
 	parts   map[topicPartition]*partition
 	pending []pendingRun // polled, not yet delivered, under mu
 	pendIdx int
-	queued  int // records in pending[pendIdx:], under mu
-	last    int // records of the last poll that had some, under mu
+	queued  int    // records in pending[pendIdx:], under mu
+	last    int    // records of the last poll that had some, under mu
+	polls   uint64 // polls started, under mu (see partition.rewoundAt)
 
 	// Message building, by the goroutine calling Receive and without mu:
 	// records to deliver are picked under mu, their messages built after.
@@ -454,6 +455,10 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 // logged it (the default Logger discards) would wait for ever without a
 // word.
 func (s *Source) poll(ctx context.Context, limit int) (closed bool, fatal error) {
+	s.mu.Lock()
+	s.polls++
+	n := s.polls
+	s.mu.Unlock()
 	fetches := s.cl.PollRecords(ctx, limit)
 	// The client was made with BlockRebalanceOnPoll: no rebalance callback
 	// runs between the poll and here, so the records are filed under the
@@ -475,19 +480,21 @@ func (s *Source) poll(ctx context.Context, limit int) (closed bool, fatal error)
 			fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
 		}
 	})
-	s.stash(fetches)
+	s.stash(fetches, n)
 	return false, fatal
 }
 
 // pendingRun is a partition's records of a poll not yet delivered, in
-// offset order, with the partition (assignment) they were polled under.
+// offset order, with the partition (assignment) they were polled under and
+// the poll's number.
 type pendingRun struct {
 	p    *partition
 	recs []*kgo.Record
+	poll uint64
 }
 
-// stash keeps the records of a poll for delivery.
-func (s *Source) stash(fetches kgo.Fetches) {
+// stash keeps the records of poll number poll for delivery.
+func (s *Source) stash(fetches kgo.Fetches, poll uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	added := 0
@@ -503,7 +510,7 @@ func (s *Source) stash(fetches kgo.Fetches) {
 			return
 		}
 		if p := s.parts[topicPartition{fp.Topic, fp.Partition}]; p != nil {
-			s.pending = append(s.pending, pendingRun{p: p, recs: fp.Records})
+			s.pending = append(s.pending, pendingRun{p: p, recs: fp.Records, poll: poll})
 			added += len(fp.Records)
 		}
 	})
@@ -589,11 +596,22 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 			continue
 		}
 		if p.released > 0 {
-			// New, but a released record of p waits to be fetched again
-			// (see rewind), and this one comes again after it: delivered
-			// now, it would overtake the released record, and its key's
-			// order would break. Dropped untracked, as if never fetched.
-			continue
+			if run.poll <= p.rewoundAt || p.rewoundFor != p.releases {
+				// New, but a released record of p waits to be fetched
+				// again, and this one, fetched before the rewind to it
+				// (or with that rewind still to come), comes again after
+				// it: delivered now, it would overtake the released
+				// record, and its key's order would break. Dropped
+				// untracked, as if never fetched.
+				continue
+			}
+			// Fetched from the position of a rewind to every released
+			// record, yet past them: they are no longer in the log
+			// (compacted away, or deleted by retention). Waiting for
+			// them would stall p.
+			s.log.Warn("kafka: released records are no longer in the log (compacted or deleted); they are not delivered again",
+				"topic", p.topic, "partition", p.id, "offsets", p.dropReleased())
+			kick = true
 		}
 		if p.skip != nil {
 			if _, ok := p.skip[r.Offset]; ok {
@@ -992,7 +1010,7 @@ func (s *Source) rewind(p *partition) {
 		return // the next owner, or this member's next assignment, redelivers it
 	}
 	s.mu.Lock()
-	off := p.firstReleased()
+	off, covered := p.firstReleased(), p.releases
 	s.mu.Unlock()
 	if off < 0 {
 		return // redelivered meanwhile
@@ -1016,6 +1034,10 @@ func (s *Source) rewind(p *partition) {
 	// record waits). What is fetched again is skipped as seen, held
 	// records included.
 	s.mu.Lock()
+	// Polls started from here on fetch from off (SetOffsets took the
+	// client's consumer lock, as every poll does), below every record
+	// released up to the count read with it.
+	p.rewoundAt, p.rewoundFor = s.polls, covered
 	if p.paused {
 		p.paused = false
 		resumeLocked(s.cl, map[string][]int32{p.topic: {p.id}})

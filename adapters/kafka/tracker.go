@@ -58,9 +58,12 @@ type partition struct {
 	commitEp  int32
 	committed int64 // last committed offset; -1 if none
 
-	inflight int           // tracked records delivered and neither settled nor released
-	released int           // tracked records released and not fetched again yet
-	drained  chan struct{} // closed when inflight reaches 0 while revoking
+	inflight   int           // tracked records delivered and neither settled nor released
+	released   int           // tracked records released and not fetched again yet
+	releases   uint64        // records released so far
+	rewoundAt  uint64        // Source.polls when the last rewind was applied
+	rewoundFor uint64        // releases when that rewind read its offset
+	drained    chan struct{} // closed when inflight reaches 0 while revoking
 
 	held   []heldRecord // retry-topic records not yet due, in offset order
 	paused bool
@@ -151,6 +154,7 @@ func (p *partition) settleGen(seq int64, gen uint16, st uint8) bool {
 	p.inflight--
 	if st == stReleased {
 		p.released++
+		p.releases++
 	}
 	if p.inflight == 0 && p.drained != nil {
 		close(p.drained)
@@ -189,6 +193,24 @@ func (p *partition) firstReleased() int64 {
 		}
 	}
 	return -1
+}
+
+// dropReleased settles the released records, which are no longer in the
+// log, and returns their offsets.
+func (p *partition) dropReleased() []int64 {
+	var offs []int64
+	for i := p.head; i < len(p.ents); i++ {
+		if e := &p.ents[i]; e.st == stReleased {
+			e.st = stSettled
+			offs = append(offs, e.off)
+		}
+	}
+	p.released = 0
+	p.advance()
+	if p.head < len(p.ents) {
+		p.metaDirty = true
+	}
+	return offs
 }
 
 // redeliver puts the released record at offset off back in flight (it was
