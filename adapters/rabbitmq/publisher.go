@@ -60,8 +60,13 @@ type publisher struct {
 	closed    chan struct{}
 	closeOnce sync.Once
 	done      chan struct{}
-	ctx       context.Context
-	cancel    context.CancelFunc
+	// refusing, once closed, fails publishes that have not yet got a
+	// channel with ErrClosed, while those waiting for confirms go on
+	// (Source.Close lets the moves in flight finish).
+	refusing   chan struct{}
+	refuseOnce sync.Once
+	ctx        context.Context
+	cancel     context.CancelFunc
 
 	idPrefix string
 	idSeq    atomic.Uint64
@@ -78,6 +83,7 @@ func newPublisher(ctx context.Context, c conn, role string) (*publisher, error) 
 		changed:  make(chan struct{}),
 		closed:   make(chan struct{}),
 		done:     make(chan struct{}),
+		refusing: make(chan struct{}),
 		idPrefix: hex.EncodeToString(rnd[:]) + "-",
 	}
 	p.ctx, p.cancel = contextFor(p.closed)
@@ -189,7 +195,7 @@ func (p *publisher) session(ctx context.Context, void <-chan struct{}) (*pubSess
 		s, changed := p.cur, p.changed
 		p.mu.Unlock()
 		select {
-		case <-p.closed:
+		case <-p.refusing:
 			return nil, adapters.ErrClosed
 		default:
 		}
@@ -200,7 +206,7 @@ func (p *publisher) session(ctx context.Context, void <-chan struct{}) (*pubSess
 		case <-changed:
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-p.closed:
+		case <-p.refusing:
 			return nil, adapters.ErrClosed
 		case <-void:
 			return nil, errVoid
@@ -388,10 +394,20 @@ func voided(abort func() error) error {
 	return errVoid
 }
 
-// close stops reconnecting, waits (boundedly) for outstanding confirms and
-// closes the connection.
-func (p *publisher) close() {
+// refuseNew makes publishes that have no channel yet fail with ErrClosed;
+// those already published still wait for their confirms.
+func (p *publisher) refuseNew() {
+	p.refuseOnce.Do(func() { close(p.refusing) })
+}
+
+// close stops reconnecting, waits for outstanding confirms (at most
+// closeDrainTimeout) and closes the connection.
+func (p *publisher) close() { p.closeWithin(closeDrainTimeout) }
+
+// closeWithin is close waiting at most d for outstanding confirms.
+func (p *publisher) closeWithin(d time.Duration) {
 	p.closeOnce.Do(func() {
+		p.refuseNew()
 		close(p.closed)
 		p.cancel()
 		<-p.done
@@ -399,7 +415,7 @@ func (p *publisher) close() {
 		s := p.cur
 		p.mu.Unlock()
 		if s != nil {
-			s.drain(closeDrainTimeout)
+			s.drain(d)
 			s.conn.Close()
 		}
 	})

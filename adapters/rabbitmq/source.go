@@ -38,6 +38,12 @@ type Source struct {
 	changed chan struct{} // closed and replaced when cur changes
 	gen     uint64
 
+	// Moves (Nack, DeadLetter) in flight, which Close lets finish before it
+	// closes their channel; closing refuses new ones.
+	moving    int
+	closing   bool
+	movesIdle chan struct{} // closed when moving drops to 0, if Close waits
+
 	closed    chan struct{}
 	closeOnce sync.Once
 	wg        sync.WaitGroup
@@ -574,6 +580,10 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		h.Set(ackwise.HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
 	}
 	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, ""))}
+	if err := s.beginMove("nack"); err != nil {
+		return err
+	}
+	defer s.endMove()
 	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack"), r.s.dead); err != nil {
 		return fmt.Errorf("rabbitmq: nack: move to wait queue %q: %w", queue, err)
 	}
@@ -581,6 +591,52 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		return err
 	}
 	return r.s.ack(r, "nack")
+}
+
+// beginMove counts a move in flight until endMove; once Close began it
+// fails with ErrClosed (the broker redelivers the message).
+func (s *Source) beginMove(op string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return fmt.Errorf("rabbitmq: %s: %w", op, adapters.ErrClosed)
+	}
+	s.moving++
+	return nil
+}
+
+func (s *Source) endMove() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.moving--
+	if s.moving == 0 && s.movesIdle != nil {
+		close(s.movesIdle)
+		s.movesIdle = nil
+	}
+}
+
+// waitMoves refuses new moves and waits, at most d, for those in flight: a
+// move whose copy is confirmed then acks its original on the channel that
+// is still open. Moves still waiting for a publishing channel fail.
+func (s *Source) waitMoves(d time.Duration) {
+	s.mu.Lock()
+	s.closing = true
+	var idle chan struct{}
+	if s.moving > 0 {
+		idle = make(chan struct{})
+		s.movesIdle = idle
+	}
+	s.mu.Unlock()
+	s.pub.refuseNew()
+	if idle == nil {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-t.C:
+	}
 }
 
 // tierFor returns the index of the smallest tier at least d long, or the
@@ -645,6 +701,10 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 		return r.settleOnce("dead-letter")
 	}
 	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, msg.Headers, env))}
+	if err := s.beginMove("dead-letter"); err != nil {
+		return err
+	}
+	defer s.endMove()
 	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "dead-letter"), r.s.dead); err != nil {
 		return fmt.Errorf("rabbitmq: dead-letter to %q: %w", s.v.DeadLetterQueue, err)
 	}
@@ -692,12 +752,19 @@ func (s *Source) Capabilities() adapters.Capabilities {
 	return c
 }
 
-// Close writes the acks not yet written, stops consuming and closes the
-// connections. Unacknowledged deliveries are requeued by the broker. Close waits (at most 10s) for
-// outstanding publisher confirms of moves. It is safe to call more than
-// once.
+// Close lets the moves in flight (Nack, DeadLetter) finish, waiting at most
+// 10s in all for their publisher confirms, writes the acks not yet written,
+// stops consuming and closes the connections. Unacknowledged deliveries are
+// requeued by the broker; a move that did not finish in time may leave its
+// copy beside the requeued original (a duplicate). Moves begun after Close
+// fail with ErrClosed. It is safe to call more than once.
 func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
+		// Moves first: killing the channel while a copy awaits its
+		// confirm would leave the original unacked, so the broker would
+		// requeue it beside its copy.
+		deadline := time.Now().Add(closeDrainTimeout)
+		s.waitMoves(closeDrainTimeout)
 		s.mu.Lock()
 		cur := s.cur
 		s.mu.Unlock()
@@ -714,7 +781,7 @@ func (s *Source) Close() error {
 			ss.kill(adapters.ErrClosed)
 			ss.conn.Close()
 		}
-		s.pub.close()
+		s.pub.closeWithin(time.Until(deadline))
 	})
 	return nil
 }
