@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -99,6 +100,27 @@ func dialHint(err error) string {
 		return " (wrong user or password?)"
 	}
 	return ""
+}
+
+// refusedForGood reports whether err is the broker refusing a connection
+// in a way that trying again cannot cure until someone changes the
+// broker's users or permissions: 403 (wrong user or password, no SASL
+// mechanism in common) or 530 (no access to the vhost, or no such vhost).
+// A 530 also says that a connection limit was reached or the vhost is
+// down, which pass: the reason tells them apart.
+func refusedForGood(err error) bool {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.Code {
+	case amqp.AccessRefused:
+		return true
+	case amqp.NotAllowed:
+		r := strings.ToLower(ae.Reason)
+		return !strings.Contains(r, "limit") && !strings.Contains(r, "down")
+	}
+	return false
 }
 
 // backoff returns the reconnection schedule: exponential with jitter from the

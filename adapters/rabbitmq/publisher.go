@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
 )
 
@@ -55,7 +56,8 @@ type publisher struct {
 
 	mu      sync.Mutex
 	cur     *pubSession
-	changed chan struct{} // closed and replaced when cur changes
+	changed chan struct{} // closed and replaced when cur or refused changes
+	refused error         // the last reconnection was refused for good (refusedForGood)
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -148,6 +150,17 @@ func (p *publisher) open(ctx context.Context) (*pubSession, error) {
 func (p *publisher) set(s *pubSession) {
 	p.mu.Lock()
 	p.cur = s
+	p.refused = nil
+	close(p.changed)
+	p.changed = make(chan struct{})
+	p.mu.Unlock()
+}
+
+// refuse records that the broker refused to reconnect for good, and wakes
+// the publishes waiting for a channel: they fail with err.
+func (p *publisher) refuse(err error) {
+	p.mu.Lock()
+	p.refused = err
 	close(p.changed)
 	p.changed = make(chan struct{})
 	p.mu.Unlock()
@@ -173,6 +186,12 @@ func (p *publisher) run(s *pubSession) {
 			ns, err := p.open(p.ctx)
 			if err != nil {
 				p.c.log.Warn("rabbitmq: publisher reconnect failed", "role", p.role, "error", err)
+				if refusedForGood(err) {
+					// Publishes fail at once rather than wait for their
+					// ctx; reconnecting goes on, for when access is given
+					// back.
+					p.refuse(err)
+				}
 				continue
 			}
 			s = ns
@@ -188,11 +207,13 @@ func (p *publisher) run(s *pubSession) {
 var errVoid = errors.New("rabbitmq: publish no longer wanted")
 
 // session returns the live session, waiting while the publisher reconnects,
-// until ctx ends or void (nil: never) is closed.
+// until ctx ends or void (nil: never) is closed. While the broker refuses
+// the reconnection for good, it fails at once with that refusal, marked
+// ackwise.Permanent: waiting would only run out the caller's ctx.
 func (p *publisher) session(ctx context.Context, void <-chan struct{}) (*pubSession, error) {
 	for {
 		p.mu.Lock()
-		s, changed := p.cur, p.changed
+		s, changed, refused := p.cur, p.changed, p.refused
 		p.mu.Unlock()
 		select {
 		case <-p.refusing:
@@ -201,6 +222,9 @@ func (p *publisher) session(ctx context.Context, void <-chan struct{}) (*pubSess
 		}
 		if s != nil && !s.isDead.Load() {
 			return s, nil
+		}
+		if refused != nil {
+			return nil, ackwise.Permanent(refused)
 		}
 		select {
 		case <-changed:

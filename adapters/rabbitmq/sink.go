@@ -22,6 +22,10 @@ import (
 // background (with backoff) and Publish sends the messages that were not
 // confirmed again on the new channel, until its ctx is done: a message may
 // then be stored twice, which consumers absorb by its event ID.
+// While the broker refuses the reconnection for good (403: wrong user or
+// password; 530: no access to the vhost), Publish fails at once with the
+// broker's refusal marked ackwise.Permanent; the sink goes on reconnecting
+// in the background, for when access is given back.
 type Sink struct {
 	exchange, key string
 	p             *publisher
