@@ -7,8 +7,9 @@
 //	amqp://user:password@host:5672/orders?queue_type=quorum&prefetch=64&tiers=1s,10s,1m&declare=true
 //
 // The URL path is the queue; the vhost is the vhost parameter (default "/").
-// [ConfigFromURL] lists every parameter. Config.URL, by contrast, is a plain
-// AMQP URI whose path is the vhost.
+// [ConfigFromURL] lists every parameter; one that only the other side uses
+// (prefetch on a sink, exchange on a source) is an error. Config.URL, by
+// contrast, is a plain AMQP URI whose path is the vhost.
 //
 // # Topology
 //

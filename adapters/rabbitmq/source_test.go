@@ -822,15 +822,17 @@ func TestOpenByURL(t *testing.T) {
 		t.Fatal(err)
 	}
 	parsed, _ := amqp.ParseURI(u.url)
-	q := url.Values{"queue_type": {"quorum"}, "tiers": {"200ms"}, "declare": {"true"}, "prefetch": {"16"}, "connection_name": {cfg.ConnectionName}, "vhost": {parsed.Vhost}}
-	raw := (&url.URL{
-		Scheme:   "rabbit",
-		User:     url.UserPassword(parsed.Username, parsed.Password),
-		Host:     fmt.Sprintf("%s:%d", parsed.Host, parsed.Port),
-		Path:     "/" + cfg.Queue,
-		RawQuery: q.Encode(),
-	}).String()
-	sink, err := adapters.OpenSink(ctxT(t), raw)
+	q := url.Values{"queue_type": {"quorum"}, "tiers": {"200ms"}, "declare": {"true"}, "connection_name": {cfg.ConnectionName}, "vhost": {parsed.Vhost}}
+	rawURL := func(q url.Values) string {
+		return (&url.URL{
+			Scheme:   "rabbit",
+			User:     url.UserPassword(parsed.Username, parsed.Password),
+			Host:     fmt.Sprintf("%s:%d", parsed.Host, parsed.Port),
+			Path:     "/" + cfg.Queue,
+			RawQuery: q.Encode(),
+		}).String()
+	}
+	sink, err := adapters.OpenSink(ctxT(t), rawURL(q))
 	if err != nil {
 		t.Fatalf("OpenSink: %v", err)
 	}
@@ -838,7 +840,8 @@ func TestOpenByURL(t *testing.T) {
 	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "u1", Key: "k", Payload: []byte("by url")}); err != nil {
 		t.Fatal(err)
 	}
-	src, err := adapters.OpenSource(ctxT(t), raw)
+	q.Set("prefetch", "16") // for sources only
+	src, err := adapters.OpenSource(ctxT(t), rawURL(q))
 	if err != nil {
 		t.Fatalf("OpenSource: %v", err)
 	}

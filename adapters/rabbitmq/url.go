@@ -55,14 +55,34 @@ var urlParams = map[string]string{
 	"consumer_timeout_warn":    "warn after holding a delivery this long",
 	"heartbeat":                "AMQP heartbeat interval",
 	"connection_name":          "connection_name client property",
-	"exchange":                 "sink: exchange to publish to",
-	"routing_key":              "sink: routing key",
+	"exchange":                 "exchange to publish to",
+	"routing_key":              "routing key",
 	"tls":                      "rabbit:// only: true for TLS",
 	"tls_ca":                   "PEM file of the CA to trust",
 	"tls_cert":                 "PEM file of the client certificate",
 	"tls_key":                  "PEM file of the client key",
 	"tls_server_name":          "server name to verify",
 	"tls_insecure_skip_verify": "true to skip verification (tests only)",
+}
+
+// Parameters of one side only: the other would ignore them, so a URL that
+// gives one there is refused. The topology parameters apply to a sink too
+// when it declares the topology (declare=true).
+var (
+	sourceOnlyParams = []string{"consumer_timeout", "consumer_timeout_warn", "plain", "prefetch"}
+	topologyParams   = []string{"dlq", "queue_type", "tiers"}
+	sinkOnlyParams   = []string{"exchange", "routing_key"}
+)
+
+// onlyFor refuses the first of params that q gives, saying where it
+// applies.
+func onlyFor(u *url.URL, q url.Values, params []string, applies string) error {
+	for _, k := range params {
+		if q.Has(k) {
+			return fmt.Errorf("rabbitmq: URL %s: parameter %q applies to %s", adapters.RedactURL(u), k, applies)
+		}
+	}
+	return nil
 }
 
 // ConfigFromURL builds a source Config from a URL of the form
@@ -75,12 +95,15 @@ var urlParams = map[string]string{
 // tls_insecure_skip_verify. Other parameters: plain (true: consume the queue
 // as it is, Config.Plain), dlq, consumer_timeout, consumer_timeout_warn,
 // heartbeat (Go durations), connection_name. exchange and routing_key are for
-// sinks (SinkConfigFromURL). An unknown, repeated or empty parameter is an
-// error, and so is a malformed query (a ';' separator, a bad %-escape).
-// Errors never contain the password.
+// sinks only (SinkConfigFromURL). An unknown, repeated or empty parameter is
+// an error, and so are a parameter for sinks only and a malformed query (a
+// ';' separator, a bad %-escape). Errors never contain the password.
 func ConfigFromURL(u *url.URL) (Config, error) {
 	p, err := parseURL(u)
 	if err != nil {
+		return Config{}, err
+	}
+	if err := onlyFor(u, p.q, sinkOnlyParams, "sinks only"); err != nil {
 		return Config{}, err
 	}
 	if p.queue == "" {
@@ -93,13 +116,24 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 // the path is the queue to publish to through the default exchange, or the
 // exchange and routing_key parameters name the destination; not both,
 // except with declare=true, which also returns the Config whose topology
-// (the path's queue) to declare first.
+// (the path's queue) to declare first. The source parameters prefetch,
+// plain, consumer_timeout and consumer_timeout_warn are errors, and so are
+// queue_type, tiers and dlq without declare=true (they shape only the
+// topology to declare).
 func SinkConfigFromURL(u *url.URL) (SinkConfig, *Config, error) {
 	p, err := parseURL(u)
 	if err != nil {
 		return SinkConfig{}, nil, err
 	}
 	c := p.cfg
+	if err := onlyFor(u, p.q, sourceOnlyParams, "sources only"); err != nil {
+		return SinkConfig{}, nil, err
+	}
+	if !c.DeclareTopology {
+		if err := onlyFor(u, p.q, topologyParams, "sources, and to sinks only with declare=true (the topology to declare)"); err != nil {
+			return SinkConfig{}, nil, err
+		}
+	}
 	if p.queue != "" && (p.exchange != "" || p.routingKey != "") && !c.DeclareTopology {
 		// One of the two destinations would be dropped without a word.
 		return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %s names queue %q in its path and exchange %q routing_key %q: a sink publishes to one; drop the path, or the parameters (with declare=true the path is the queue to declare)", adapters.RedactURL(u), p.queue, p.exchange, p.routingKey)
@@ -122,6 +156,7 @@ func SinkConfigFromURL(u *url.URL) (SinkConfig, *Config, error) {
 }
 
 type parsedURL struct {
+	q                    url.Values // the parameters given
 	cfg                  Config
 	queue                string
 	exchange, routingKey string
@@ -277,7 +312,7 @@ func parseURL(u *url.URL) (parsedURL, error) {
 		}
 		c.TLS = tc
 	}
-	p.cfg = c
+	p.cfg, p.q = c, q
 	return p, nil
 }
 

@@ -44,3 +44,51 @@ func TestURLQueryNothingSilentlyDropped(t *testing.T) {
 		}
 	}
 }
+
+// TestURLParametersOfTheOtherSideRefused: a parameter only the other side
+// uses is refused, naming it and where it applies, rather than ignored.
+// Before, ?prefetch=64 on a sink URL or ?exchange=x on a source URL was
+// accepted without effect.
+func TestURLParametersOfTheOtherSideRefused(t *testing.T) {
+	t.Parallel()
+	parse := func(raw string) *url.URL {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		return u
+	}
+	sinkBad := map[string]string{
+		"amqp://user:pa55@broker/orders?prefetch=64":                 `parameter "prefetch" applies to sources only`,
+		"amqp://user:pa55@broker/orders?plain=true":                  `parameter "plain" applies to sources only`,
+		"amqp://user:pa55@broker/orders?consumer_timeout=1h":         `parameter "consumer_timeout" applies to sources only`,
+		"amqp://user:pa55@broker/orders?consumer_timeout_warn=1m":    `parameter "consumer_timeout_warn" applies to sources only`,
+		"amqp://user:pa55@broker/orders?declare=true&prefetch=64":    `parameter "prefetch" applies to sources only`,
+		"amqp://user:pa55@broker/orders?tiers=1s,1m":                 `parameter "tiers" applies to sources, and to sinks only with declare=true`,
+		"amqp://user:pa55@broker/orders?queue_type=quorum":           `parameter "queue_type" applies to sources, and to sinks only with declare=true`,
+		"amqp://user:pa55@broker/orders?dlq=orders.dead":             `parameter "dlq" applies to sources, and to sinks only with declare=true`,
+		"amqp://user:pa55@broker/orders?declare=false&tiers=1s,1m":   `parameter "tiers" applies to sources, and to sinks only with declare=true`,
+		"amqp://user:pa55@broker/orders?declare=false&dlq=elsewhere": `parameter "dlq" applies to sources, and to sinks only with declare=true`,
+	}
+	for raw, want := range sinkBad {
+		if _, _, err := SinkConfigFromURL(parse(raw)); err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "pa55") {
+			t.Errorf("sink %s: error %v, want one containing %q (and no password)", raw, err, want)
+		}
+		if _, err := ConfigFromURL(parse(raw)); err != nil {
+			t.Errorf("source %s: %v", raw, err)
+		}
+	}
+	sourceBad := map[string]string{
+		"amqp://user:pa55@broker/orders?exchange=events":     `parameter "exchange" applies to sinks only`,
+		"amqp://user:pa55@broker/orders?routing_key=created": `parameter "routing_key" applies to sinks only`,
+	}
+	for raw, want := range sourceBad {
+		if _, err := ConfigFromURL(parse(raw)); err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "pa55") {
+			t.Errorf("source %s: error %v, want one containing %q (and no password)", raw, err, want)
+		}
+	}
+	// The topology parameters shape what a sink with declare=true declares.
+	if _, decl, err := SinkConfigFromURL(parse("amqp://user:pa55@broker/orders?declare=true&tiers=1s,1m&queue_type=quorum&dlq=orders.dead")); err != nil || decl == nil || len(decl.DelayTiers) != 2 || decl.QueueType != Quorum || decl.DeadLetterQueue != "orders.dead" {
+		t.Errorf("sink with declare=true: %+v, %v", decl, err)
+	}
+}
