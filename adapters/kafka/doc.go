@@ -138,5 +138,6 @@
 // # URL
 //
 // Importing the package registers the scheme "kafka" with
-// [adapters.Register]; see [ParseURL] for the parameters.
+// [adapters.Register]; see [ParseURL] for the parameters. A sink's URL is
+// read with [ParseSinkURL], which refuses the parameters only a source uses.
 package kafka

@@ -2,12 +2,15 @@ package kafka
 
 import (
 	"context"
+	"fmt"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ackwise/ackwise/adapters"
 )
 
 func TestTrackerCommitsBelowFirstUnsettled(t *testing.T) {
@@ -260,5 +263,40 @@ func TestCreateTopicsRejectsBadChain(t *testing.T) {
 	cfg := Config{Brokers: []string{"127.0.0.1:1"}, Topic: "orders", RetryTiers: []time.Duration{-time.Second}}
 	if err := CreateTopics(ctx, cfg, 1, 1); err == nil || !strings.Contains(err.Error(), "Config.RetryTiers has -1s") {
 		t.Fatalf("CreateTopics with a negative tier: %v", err)
+	}
+}
+
+// TestParseSinkURLRefusesSourceParameters: a sink uses only the brokers,
+// the topic, client_id, TLS and SASL. Before, OpenSink took
+// kafka://h/orders?group=g&tiers=1m as well and ignored both without a word.
+func TestParseSinkURLRefusesSourceParameters(t *testing.T) {
+	t.Parallel()
+	for _, k := range []string{"group=g", "tiers=1m", "retry_prefix=r.", "dlq=orders.dead", "commit_interval=1s", "revoke_timeout=1s",
+		"start=latest", "poll_batch=10", "fetch_max_bytes=1024", "fetch_max_partition_bytes=1024"} {
+		raw := "kafka://alice:s3cret@h1:9092/orders?sasl=plain&" + k
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ParseURL(u); err != nil {
+			t.Errorf("ParseURL %s: %v", k, err)
+		}
+		name, _, _ := strings.Cut(k, "=")
+		want := fmt.Sprintf("parameter %q applies to sources only", name)
+		_, err = ParseSinkURL(u)
+		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ParseSinkURL %s: %v, want an error containing %q (and no password)", k, err, want)
+		}
+		// A sink that is opened would dial h1:9092: bound it.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err = adapters.OpenSink(ctx, raw)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("OpenSink %s: %v, want an error containing %q", k, err, want)
+		}
+	}
+	u, _ := url.Parse("kafka://alice:s3cret@h1:9092,h2:9092/orders?sasl=scram-sha-256&tls=true&client_id=me")
+	if cfg, err := ParseSinkURL(u); err != nil || cfg.Topic != "orders" || cfg.SASL == nil || cfg.TLS == nil || cfg.ClientID != "me" {
+		t.Errorf("sink URL: %+v, %v", cfg, err)
 	}
 }

@@ -28,7 +28,7 @@ func init() {
 			return NewSource(ctx, cfg)
 		},
 		OpenSink: func(ctx context.Context, u *url.URL) (adapters.Sink, error) {
-			cfg, err := ParseURL(u)
+			cfg, err := ParseSinkURL(u)
 			if err != nil {
 				return nil, err
 			}
@@ -63,6 +63,9 @@ func init() {
 // An unknown, repeated or empty parameter is an error, and so are a malformed
 // query (a ';' separator, a bad %-escape) and a user without sasl. Errors name the bad parameter
 // and never contain the password.
+//
+// A sink uses only the brokers, the topic, client_id, tls* and sasl: parse
+// a sink's URL with [ParseSinkURL], which refuses the others.
 func ParseURL(u *url.URL) (Config, error) {
 	var cfg Config
 	if u.Scheme != "kafka" {
@@ -168,6 +171,31 @@ func ParseURL(u *url.URL) (Config, error) {
 		return cfg, fmt.Errorf("kafka: URL %s has a user but no sasl parameter (plain, scram-sha-256 or scram-sha-512)", adapters.RedactURL(u))
 	}
 	return cfg, nil
+}
+
+// ParseSinkURL is ParseURL for a sink ([adapters.OpenSink] uses it): a
+// parameter only a source uses (group, tiers, retry_prefix, dlq,
+// commit_interval, revoke_timeout, start, poll_batch, fetch_max_bytes,
+// fetch_max_partition_bytes) is an error naming it, rather than ignored by
+// NewSink.
+func ParseSinkURL(u *url.URL) (Config, error) {
+	cfg, err := ParseURL(u)
+	if err != nil {
+		return Config{}, err
+	}
+	q, _ := url.ParseQuery(u.RawQuery) // ParseURL refused a malformed query
+	for _, k := range sourceOnlyParams {
+		if q.Has(k) {
+			return Config{}, fmt.Errorf("kafka: URL %s: parameter %q applies to sources only", adapters.RedactURL(u), k)
+		}
+	}
+	return cfg, nil
+}
+
+// sourceOnlyParams are the parameters NewSink ignores.
+var sourceOnlyParams = []string{
+	"group", "tiers", "retry_prefix", "dlq", "commit_interval", "revoke_timeout", "start",
+	"poll_batch", "fetch_max_bytes", "fetch_max_partition_bytes",
 }
 
 // urlParams are the query parameters ParseURL knows; any other is an error,
