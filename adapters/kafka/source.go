@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -42,6 +43,7 @@ type Source struct {
 	queued  int    // records in pending[pendIdx:], under mu
 	last    int    // records of the last poll that had some, under mu
 	polls   uint64 // polls started, under mu (see partition.rewoundAt)
+	pollsIn uint64 // polls whose records were stashed, under mu (see partition.rewoundFrom)
 
 	// Message building, by the goroutine calling Receive and without mu:
 	// records to deliver are picked under mu, their messages built after.
@@ -514,6 +516,7 @@ func (s *Source) stash(fetches kgo.Fetches, poll uint64) {
 			added += len(fp.Records)
 		}
 	})
+	s.pollsIn = poll
 	s.queued += added
 	if added > 0 {
 		s.last = added
@@ -571,7 +574,8 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 	s.mu.Lock()
 	s.build = s.build[:0]
 	var pause map[string][]int32
-	kick := false // records settled here, unseen: the committer must know
+	var refetch []*partition // to rewind again: records dropped that nothing fetches again
+	kick := false            // records settled here, unseen: the committer must know
 	for s.pendIdx < len(s.pending) && n < len(buf) {
 		run := &s.pending[s.pendIdx]
 		if len(run.recs) == 0 || run.p.own.Load() != ownOwned {
@@ -603,6 +607,15 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 				// it: delivered now, it would overtake the released
 				// record, and its key's order would break. Dropped
 				// untracked, as if never fetched.
+				if run.poll > p.rewoundFrom && p.rewoundFor == p.releases && !slices.Contains(refetch, p) {
+					// But this poll was in flight during the rewind: its
+					// records may have been fetched after it, and no
+					// rewind to come fetches them again. If the released
+					// records are gone, the next poll, past these, would
+					// take them for lost and go on without these. Rewound
+					// again, before the next poll, they come again.
+					refetch = append(refetch, p)
+				}
 				continue
 			}
 			// Fetched from the position of a rewind to every released
@@ -661,6 +674,9 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 		s.kickCommitter()
 	}
 	s.buildInto(buf)
+	for _, p := range refetch {
+		s.rewind(p)
+	}
 	if ahead && s.cl.BufferedFetchRecords() > 0 {
 		// Read ahead: take the next fetch as soon as the client has it,
 		// while this one is still being delivered. The client fetches
@@ -1010,7 +1026,7 @@ func (s *Source) rewind(p *partition) {
 		return // the next owner, or this member's next assignment, redelivers it
 	}
 	s.mu.Lock()
-	off, covered := p.firstReleased(), p.releases
+	off, covered, from := p.firstReleased(), p.releases, s.pollsIn
 	s.mu.Unlock()
 	if off < 0 {
 		return // redelivered meanwhile
@@ -1037,7 +1053,7 @@ func (s *Source) rewind(p *partition) {
 	// Polls started from here on fetch from off (SetOffsets took the
 	// client's consumer lock, as every poll does), below every record
 	// released up to the count read with it.
-	p.rewoundAt, p.rewoundFor = s.polls, covered
+	p.rewoundAt, p.rewoundFor, p.rewoundFrom = s.polls, covered, from
 	if p.paused {
 		p.paused = false
 		resumeLocked(s.cl, map[string][]int32{p.topic: {p.id}})

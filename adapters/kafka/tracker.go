@@ -58,12 +58,16 @@ type partition struct {
 	commitEp  int32
 	committed int64 // last committed offset; -1 if none
 
-	inflight   int           // tracked records delivered and neither settled nor released
-	released   int           // tracked records released and not fetched again yet
-	releases   uint64        // records released so far
-	rewoundAt  uint64        // Source.polls when the last rewind was applied
-	rewoundFor uint64        // releases when that rewind read its offset
-	drained    chan struct{} // closed when inflight reaches 0 while revoking
+	inflight   int    // tracked records delivered and neither settled nor released
+	released   int    // tracked records released and not fetched again yet
+	releases   uint64 // records released so far
+	rewoundAt  uint64 // Source.polls when the last rewind was applied
+	rewoundFor uint64 // releases when that rewind read its offset
+	// Source.pollsIn when the last rewind read its offset: polls up to it
+	// returned before the rewind; those after it and up to rewoundAt were
+	// in flight during it, and may have fetched from before or after it.
+	rewoundFrom uint64
+	drained     chan struct{} // closed when inflight reaches 0 while revoking
 
 	held   []heldRecord // retry-topic records not yet due, in offset order
 	paused bool
