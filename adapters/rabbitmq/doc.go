@@ -73,6 +73,14 @@
 //   - DeadLetter publishes the same kind of copy to the dead-letter queue
 //     with the dlq.Envelope headers added (an earlier envelope replaced),
 //     waits for the confirm, then acks the original.
+//   - A copy keeps the event ID its delivery had, or its lack of one.
+//     Message.ID is the ackwise-event-id header, else the message-id. A
+//     copy of a delivery without a message-id needs one (returns are
+//     matched by it): it gets one starting with "ackwise-anon-", which no
+//     source takes for an event ID. So a message a foreign producer sent
+//     without either has no event ID on every hop, as on its first
+//     delivery: an inbox that refused it (ErrNoEventID) refuses its copies
+//     too, instead of keying them by an ID the adapter made up.
 //   - Release is basic.nack with requeue=true.
 //   - ExtendLease does nothing: RabbitMQ has no lease to extend (see Consumer
 //     timeout).

@@ -105,6 +105,19 @@ func (p *publisher) nextID() string {
 	return p.idPrefix + strconv.FormatUint(p.idSeq.Add(1), 10)
 }
 
+// anonIDPrefix starts the message-id ackwise gives a copy of a delivery that
+// had none. A publish needs a unique message-id, to match a basic.return to
+// it; a source must not take this one for the event ID (see
+// Source.message), or a message without an event ID would get one on its
+// first hop that its first delivery never had.
+const anonIDPrefix = "ackwise-anon-"
+
+// anonID returns a message-id unique to this publisher that no source takes
+// for an event ID.
+func (p *publisher) anonID() string {
+	return anonIDPrefix + p.nextID()
+}
+
 func (p *publisher) open(ctx context.Context) (*pubSession, error) {
 	ac, err := p.c.dial(ctx)
 	if err != nil {

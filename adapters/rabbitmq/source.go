@@ -422,7 +422,7 @@ func (s *Source) message(ss *session, d amqp.Delivery, arrived time.Time) *ackwi
 		PublishedAt: d.Timestamp,
 		Handle:      r,
 	}
-	if m.ID == "" {
+	if m.ID == "" && !strings.HasPrefix(d.MessageId, anonIDPrefix) {
 		m.ID = d.MessageId
 	}
 	if v, ok := h.Lookup(ackwise.HeaderFirstFailure); ok {
@@ -666,7 +666,10 @@ func (s *Source) copyOf(r *receipt, msg *ackwise.Message, headers amqp.Table) am
 	d := &r.d
 	id := d.MessageId
 	if id == "" {
-		id = s.pub.nextID()
+		// Not an ID the next hop reads as the event ID: the copy has the
+		// event ID its delivery had (in ackwise-event-id), or none, as the
+		// handler saw it.
+		id = s.pub.anonID()
 	}
 	return amqp.Publishing{
 		Headers:         headers,
