@@ -30,6 +30,16 @@ type RedriveSink interface {
 	Publish(ctx context.Context, msgs ...*ackwise.Message) error
 }
 
+// RedriveHandle is the Message.Handle of the copy Redrive publishes of a
+// dead letter. It points at the dead letter as its source delivered it, so
+// that a sink of the same broker can keep what a Message cannot hold: the
+// RabbitMQ sink keeps the AMQP properties and header value types. A sink
+// only reads it (Redrive settles the dead letter), and only during Publish;
+// every other sink ignores it.
+type RedriveHandle struct {
+	DeadLetter *ackwise.Message
+}
+
 // Defaults of RedriveOptions and InspectOptions.
 const (
 	// DefaultRate is RedriveOptions.Rate when it is zero: 10 messages a
@@ -202,8 +212,10 @@ type RedriveResult struct {
 // removed, and the engine's hop headers
 // ackwise-attempt and ackwise-first-failure removed as well so that the
 // redriven message starts again at attempt 1 (else a message that ran out of
-// attempts would be dead-lettered again on its first failure). Only once the
-// publish is confirmed is the dead letter acked (move before ack, invariant
+// attempts would be dead-lettered again on its first failure). The copy's
+// Handle is a RedriveHandle, through which a sink of the dead letter's own
+// broker may keep what a Message cannot hold (the RabbitMQ sink: AMQP
+// properties, header value types). Only once the publish is confirmed is the dead letter acked (move before ack, invariant
 // 3): a dead letter is never lost. A failed publish leaves the dead letter
 // where it was (released) and ends the run with the error; a failed ack after
 // a confirmed publish leaves the message in both places and ends the run with
@@ -431,7 +443,7 @@ func redriveCopy(msg *ackwise.Message) *ackwise.Message {
 	if len(h) == 0 {
 		h = nil
 	}
-	return &ackwise.Message{ID: eventID(msg), Key: msg.Key, Payload: msg.Payload, Headers: h}
+	return &ackwise.Message{ID: eventID(msg), Key: msg.Key, Payload: msg.Payload, Headers: h, Handle: RedriveHandle{DeadLetter: msg}}
 }
 
 func eventID(msg *ackwise.Message) string {

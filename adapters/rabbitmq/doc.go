@@ -115,7 +115,10 @@
 // back with basic.return and fails the call with ErrUnroutable (it is never
 // dropped quietly); a basic.nack fails it with ErrNacked. Returns are matched
 // to messages by message-id, exchange and routing key; the sink's
-// message-id is the event ID. The sink marks a publish the broker refused
+// message-id is the event ID. The copy dlq.Redrive publishes of a dead
+// letter a Source delivered keeps the dead letter's AMQP properties (but
+// expiration and user-id), its message-id and its header value types; see
+// [Sink.Publish]. The sink marks a publish the broker refused
 // by closing the channel (404, 403, 406) ackwise.Permanent. AMQP does not
 // say which message of the channel was refused, so the unconfirmed messages
 // are then sent again each alone on a channel of its own: only the refused

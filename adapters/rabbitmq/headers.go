@@ -26,13 +26,29 @@ const (
 	headerBCC = "BCC"
 )
 
-// toTable encodes headers as an AMQP table of strings.
-func toTable(h ackwise.Headers, extra int) amqp.Table {
+// toTable encodes headers as an AMQP table of strings, but for a header
+// whose value is that of the same key in orig (the table of the delivery
+// the message came from, or nil): it keeps orig's value and so its wire
+// type (an int header stays an int). Of a repeated key the last value wins.
+func toTable(h ackwise.Headers, orig amqp.Table, extra int) amqp.Table {
 	t := make(amqp.Table, len(h)+extra)
 	for _, kv := range h {
+		if ov, ok := orig[kv.Key]; ok {
+			if s, ok := scalarString(ov); ok && s == kv.Value {
+				t[kv.Key] = ov
+				continue
+			}
+		}
 		t[kv.Key] = kv.Value
 	}
 	return t
+}
+
+// isDeathHeader reports whether key is one of RabbitMQ's summaries of a
+// message's dead-letterings (x-first-death-*, x-last-death-*), which go
+// with its x-death history.
+func isDeathHeader(key string) bool {
+	return strings.HasPrefix(key, "x-first-death-") || strings.HasPrefix(key, "x-last-death-")
 }
 
 // fromTable decodes the scalar entries of t into string headers. Tables and

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
 )
 
 // Sink publishes to one exchange with publisher confirms, the mandatory flag
@@ -50,10 +51,24 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 
 // Publish publishes msgs and returns once the broker confirmed all of them.
 // Each message goes out with its headers (but x-delivery-count, the count a
-// quorum queue keeps per delivery, which a message copied from a delivery
-// carries), ackwise-event-id (from Message.ID),
+// quorum queue keeps per delivery, and x-first-death-* and x-last-death-*,
+// RabbitMQ's summary of an x-death history a message copied from a
+// delivery does not carry), ackwise-event-id (from Message.ID),
 // ackwise-key (from Message.Key), message-id = the event ID (or a unique ID
 // when there is none), the current timestamp and delivery mode persistent.
+//
+// The copy dlq.Redrive publishes of a dead letter a [Source] delivered (a
+// plain source on the dead-letter queue: its Handle is a
+// dlq.RedriveHandle) keeps what a Message cannot hold: the dead letter's
+// content-type, content-encoding, correlation-id, reply-to, type, app-id,
+// priority, timestamp and message-id, and the wire type of every header
+// whose value is unchanged (an int stays an int). Headers the copy no
+// longer has (the envelope and hop headers Redrive strips, x-death) are
+// not taken from the dead letter; nor are expiration (the copy would
+// expire) and user-id (the broker refuses another user's). A dead letter
+// without an event ID is redriven without one: its message-id is kept, or
+// one is made that no Source takes for an event ID.
+//
 // A message no queue takes (basic.return) fails with an error wrapping
 // ErrUnroutable; one the broker refuses with an error wrapping ErrNacked.
 // A publish the broker refuses by closing the channel (a missing exchange,
@@ -69,11 +84,36 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	now := time.Now()
 	for i, m := range msgs {
 		id := adapters.EventID(m)
-		h := toTable(m.Headers, 2)
+		pub := amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: id, Timestamp: now, Body: m.Payload}
+		var orig amqp.Table
+		if d := redrivenDelivery(m); d != nil {
+			orig = d.Headers
+			pub.ContentType, pub.ContentEncoding = d.ContentType, d.ContentEncoding
+			pub.CorrelationId, pub.ReplyTo = d.CorrelationId, d.ReplyTo
+			pub.Type, pub.AppId, pub.Priority = d.Type, d.AppId, d.Priority
+			if !d.Timestamp.IsZero() {
+				pub.Timestamp = d.Timestamp
+			}
+			switch {
+			case d.MessageId != "":
+				pub.MessageId = d.MessageId
+			case id == "":
+				pub.MessageId = s.p.anonID()
+			}
+		}
+		if pub.MessageId == "" {
+			pub.MessageId = s.p.nextID()
+		}
+		h := toTable(m.Headers, orig, 2)
 		// The broker's per-delivery count, copied from a delivery (a
 		// redriven dead letter): a quorum queue would add it to the
 		// message's attempts (attemptOf) on its first delivery.
 		delete(h, headerDeliveryCount)
+		for k := range h {
+			if isDeathHeader(k) {
+				delete(h, k)
+			}
+		}
 		if id != "" {
 			h[ackwise.HeaderEventID] = id
 		}
@@ -84,17 +124,8 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		if key == "" {
 			key = m.Key
 		}
-		msgID := id
-		if msgID == "" {
-			msgID = s.p.nextID()
-		}
-		out[i] = outgoing{exchange: s.exchange, key: key, pub: amqp.Publishing{
-			Headers:      h,
-			DeliveryMode: amqp.Persistent,
-			MessageId:    msgID,
-			Timestamp:    now,
-			Body:         m.Payload,
-		}}
+		pub.Headers = h
+		out[i] = outgoing{exchange: s.exchange, key: key, pub: pub}
 	}
 	if err := s.p.publish(ctx, out, nil, nil); err != nil {
 		err = fmt.Errorf("rabbitmq: publish %d message(s) to exchange %q: %w", len(msgs), s.exchange, err)
@@ -102,6 +133,22 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 			return ackwise.Permanent(err)
 		}
 		return err
+	}
+	return nil
+}
+
+// redrivenDelivery returns the delivery of the dead letter m is
+// dlq.Redrive's copy of, when a Source of this package delivered it, or
+// nil. Other messages keep only what Message holds, even one copied from a
+// delivery of a Source (its Handle a receipt): a handler that publishes a
+// changed copy must not inherit, say, a content-type that no longer fits.
+func redrivenDelivery(m *ackwise.Message) *amqp.Delivery {
+	rh, ok := m.Handle.(dlq.RedriveHandle)
+	if !ok || rh.DeadLetter == nil {
+		return nil
+	}
+	if r, ok := rh.DeadLetter.Handle.(*receipt); ok && r != nil {
+		return &r.d
 	}
 	return nil
 }
