@@ -215,11 +215,12 @@ type RedriveResult struct {
 // attempts would be dead-lettered again on its first failure). The copy's
 // Handle is a RedriveHandle, through which a sink of the dead letter's own
 // broker may keep what a Message cannot hold (the RabbitMQ sink: AMQP
-// properties, header value types). Only once the publish is confirmed is the dead letter acked (move before ack, invariant
-// 3): a dead letter is never lost. A failed publish leaves the dead letter
-// where it was (released) and ends the run with the error; a failed ack after
-// a confirmed publish leaves the message in both places and ends the run with
-// the error.
+// properties, header value types). Only once the publish is confirmed is
+// the dead letter acked (move before ack, invariant 3): a dead letter is
+// never lost. A failed publish leaves the dead letter where it was
+// (released) and ends the run with the error; a failed ack after a
+// confirmed publish leaves the message in both places and ends the run
+// with the error.
 //
 // Redrive is safe only into consumers that deduplicate on the event ID (the
 // idempotency inbox): a crash or a failed ack between publish and ack, or a
