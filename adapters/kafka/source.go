@@ -600,28 +600,15 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 			continue
 		}
 		if p.released > 0 {
-			if run.poll <= p.rewoundAt || p.rewoundFor != p.releases {
-				// New, but a released record of p waits to be fetched
-				// again, and this one, fetched before the rewind to it
-				// (or with that rewind still to come), comes again after
-				// it: delivered now, it would overtake the released
-				// record, and its key's order would break. Dropped
-				// untracked, as if never fetched.
-				if run.poll > p.rewoundFrom && p.rewoundFor == p.releases && !slices.Contains(refetch, p) {
-					// But this poll was in flight during the rewind: its
-					// records may have been fetched after it, and no
-					// rewind to come fetches them again. If the released
-					// records are gone, the next poll, past these, would
-					// take them for lost and go on without these. Rewound
-					// again, before the next poll, they come again.
+			// New, but a released record of p waits to be fetched again:
+			// delivered now, this one would overtake it, and its key's
+			// order would break.
+			if hold, again := p.holdBack(run.poll); hold {
+				if again && !slices.Contains(refetch, p) {
 					refetch = append(refetch, p)
 				}
-				continue
+				continue // untracked, as if never fetched
 			}
-			// Fetched from the position of a rewind to every released
-			// record, yet past them: they are no longer in the log
-			// (compacted away, or deleted by retention). Waiting for
-			// them would stall p.
 			s.log.Warn("kafka: released records are no longer in the log (compacted or deleted); they are not delivered again",
 				"topic", p.topic, "partition", p.id, "offsets", p.dropReleased())
 			kick = true

@@ -199,6 +199,23 @@ func (p *partition) firstReleased() int64 {
 	return -1
 }
 
+// holdBack decides about a new record of poll number poll while a released
+// record of p waits to be fetched again. Fetched before the rewind to every
+// released record (or with that rewind still to come), it is held back: it
+// comes again after them. A poll in flight during the rewind may have
+// fetched from before or after it; if after, no rewind to come fetches its
+// records again, so again asks for one more rewind before the next poll.
+// Fetched after that rewind yet past the released records, it shows they
+// are no longer in the log (compacted away, deleted by retention): hold is
+// false, and waiting for them would stall p.
+func (p *partition) holdBack(poll uint64) (hold, again bool) {
+	covered := p.rewoundFor == p.releases
+	if poll > p.rewoundAt && covered {
+		return false, false
+	}
+	return true, covered && poll > p.rewoundFrom
+}
+
 // dropReleased settles the released records, which are no longer in the
 // log, and returns their offsets.
 func (p *partition) dropReleased() []int64 {
