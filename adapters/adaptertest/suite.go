@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -52,6 +53,8 @@ func Run(t *testing.T, h Harness) {
 		{"ExtendAfterSettleChangesNothing", testExtendAfterSettle},
 		{"SettleAfterCloseFails", testSettleAfterClose},
 		{"SecondSettleFails", testSecondSettle},
+		{"ReleaseNotOvertaken", testReleaseNotOvertaken},
+		{"ReleasedLaneNotOvertaken", testReleasedLaneNotOvertaken},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -947,6 +950,153 @@ func testSecondSettle(t *testing.T, h Harness) {
 	if dl := f.DeadLetters(ctx, t); len(dl) != 0 {
 		t.Fatalf("%d dead letters, want none: the DeadLetter after a Release acted", len(dl))
 	}
+}
+
+// testReleaseNotOvertaken: the messages behind a released message of its
+// key do not overtake its redelivery where the source promises order. The
+// case receives the first of several messages of one key (the source may
+// have fetched or prefetched the others meanwhile) and releases it. On an
+// ordered source (Capabilities.Ordered) the next delivery is the released
+// message, then the others in publish order, each once. A source that does
+// not promise order may hand out what it already sent first (a RabbitMQ
+// consumer's prefetch): there the released message comes back and each
+// message is delivered once, in any order.
+func testReleaseNotOvertaken(t *testing.T, h Harness) {
+	const n = 5
+	f := h.Open(t, FixtureConfig{})
+	in := batch(n, 1) // one key: one partition, one FIFO group
+	publish(t, f, in)
+	src := f.NewSource(t)
+	ordered := src.Capabilities().Ordered
+	first := receiveOne(t, src)
+	if ordered && first.ID != in[0].ID {
+		t.Fatalf("first delivery %s, want %s (the source is Ordered)", first.ID, in[0].ID)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	if err := src.Release(ctx, first); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	var order []string
+	seen := map[string]bool{}
+	for len(seen) < n {
+		m := receiveOne(t, src)
+		if seen[m.ID] {
+			t.Fatalf("%s delivered twice after the release (order so far %v)", m.ID, order)
+		}
+		seen[m.ID] = true
+		order = append(order, m.ID)
+		if err := src.Ack(ctx, m); err != nil {
+			t.Fatalf("ack %s: %v", m.ID, err)
+		}
+	}
+	for _, m := range in {
+		if !seen[m.ID] {
+			t.Fatalf("%s not delivered after the release (got %v)", m.ID, order)
+		}
+	}
+	if !ordered {
+		t.Logf("source does not promise order (Capabilities.Ordered false): checked the released message comes back and each message comes once, not their order (received %v after releasing %s)", order, first.ID)
+	} else {
+		if want := ids(in); !slices.Equal(order, want) {
+			t.Fatalf("after releasing %s received %v, want %v: a message behind the released one overtook it", first.ID, order, want)
+		}
+	}
+	requireNothingMore(ctx, t, src, 500*time.Millisecond, "after every message was acked")
+}
+
+// invalidOnce is a source whose first Valid check says no, as when the
+// delivery's partition was revoked or its channel died: the engine releases
+// that message unrun. The check waits until the engine has received want
+// messages, so that the others of its key wait behind it in its lane.
+// (Embedding hides AckBatch and Recycle: the engine acks one at a time and
+// does not recycle, which changes nothing here.)
+type invalidOnce struct {
+	adapters.Source
+	want     int64
+	received atomic.Int64
+	all      chan struct{} // closed once want messages were received
+	once     sync.Once
+	checked  atomic.Bool
+	invalid  atomic.Pointer[string] // the ID of the message said no to
+	gaveUp   atomic.Bool            // the check stopped waiting for all to be received
+}
+
+func (s *invalidOnce) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	n, err := s.Source.Receive(ctx, buf)
+	if s.received.Add(int64(n)) >= s.want {
+		s.once.Do(func() { close(s.all) })
+	}
+	return n, err
+}
+
+func (s *invalidOnce) Valid(m *ackwise.Message) bool {
+	if !s.checked.CompareAndSwap(false, true) {
+		return s.Source.Valid(m)
+	}
+	id := m.ID
+	s.invalid.Store(&id)
+	select {
+	case <-s.all:
+	case <-time.After(Timeout):
+		s.gaveUp.Store(true)
+	}
+	return false
+}
+
+// testReleasedLaneNotOvertaken: when the engine hands a message back to the
+// broker unrun (here: its receipt is no longer valid) while the other
+// messages of its key wait behind it in its lane, it releases them too,
+// unrun, and the source delivers them again after it. On an ordered source
+// the handler sees the key's messages in publish order, each once (the
+// released message never ran before); on another, each once.
+func testReleasedLaneNotOvertaken(t *testing.T, h Harness) {
+	const n = 5
+	f := h.Open(t, FixtureConfig{})
+	in := batch(n, 1) // one key: one lane
+	publish(t, f, in)
+	src := &invalidOnce{Source: f.NewSource(t), want: n, all: make(chan struct{})}
+	ordered := src.Capabilities().Ordered
+	rec := newRecorder(nil)
+	_, stop := start(t, src, rec, consumer.Config{Concurrency: 4, MaxInFlight: 2 * n})
+	rec.waitFor(t, "every message handled", func() bool { return len(rec.byID) == n })
+	if err := stop(); err != nil {
+		t.Fatalf("consumer: %v", err)
+	}
+	if src.gaveUp.Load() {
+		t.Fatalf("the engine received %d of %d messages within %v", src.received.Load(), n, Timeout)
+	}
+	invalid := src.invalid.Load()
+	if invalid == nil {
+		t.Fatal("Valid was never called: the engine ran a handler without checking its receipt")
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	got := ids(rec.seen)
+	for id, k := range rec.byID {
+		if k != 1 {
+			t.Fatalf("%s handled %d times, want once (handled %v; %s was released unrun)", id, k, got, *invalid)
+		}
+	}
+	if !ordered {
+		t.Logf("source does not promise order (Capabilities.Ordered false): checked each message is handled once, not their order (handled %v; %s was released unrun)", got, *invalid)
+		return
+	}
+	if *invalid != in[0].ID {
+		t.Fatalf("first Valid check was of %s, want %s (the source is Ordered)", *invalid, in[0].ID)
+	}
+	if want := ids(in); !slices.Equal(got, want) {
+		t.Fatalf("handled %v, want %v: a message behind the released %s overtook it", got, want, in[0].ID)
+	}
+}
+
+// ids returns the IDs of msgs.
+func ids(msgs []*ackwise.Message) []string {
+	out := make([]string, len(msgs))
+	for i, m := range msgs {
+		out[i] = m.ID
+	}
+	return out
 }
 
 // requireNothingMore fails the test if src delivers anything within wait.
