@@ -89,7 +89,10 @@ type Source interface {
 	Release(ctx context.Context, msg *ackwise.Message) error
 
 	// ExtendLease pushes msg's lease to d from now. Sources without
-	// Capabilities.ExtendLease return nil and do nothing. The engine's
+	// Capabilities.ExtendLease do nothing and return nil, or an error
+	// where a lease exists but cannot be extended (a Kafka share group on
+	// brokers before 4.2); the engine calls it only when the capability is
+	// set. The engine's
 	// heartbeat runs concurrently with settles, so ExtendLease can arrive
 	// after msg was settled: it must then change nothing (a released or
 	// nacked message is not held for the lease) and return nil or

@@ -37,7 +37,10 @@
 // never committed past; while this member keeps its partition, the source
 // rewinds the partition's fetch position to it, so it is delivered again
 // (records after it that were delivered before are fetched again and
-// skipped).
+// skipped). Records of the partition fetched but not yet delivered wait for
+// it (they are fetched again after it), so none overtakes its redelivery.
+// A released record gone from the log by the time the rewind fetches it
+// (compaction, retention) is given up with a warning.
 //
 // A revoked partition's records become invalid: [Source.Valid] reports false
 // and a later settle returns an error wrapping [adapters.ErrReceiptInvalid]; records of a revoked partition
@@ -119,12 +122,15 @@
 // the share source does not poll again before every record of the previous
 // poll is settled, and it gives every settled record an explicit status (a
 // record whose lock ran out is released, never left to be accepted).
-// ExtendLease renews the lock (AckRenew), sent at once; a renewed record
+// ExtendLease renews the lock (AckRenew, Kafka 4.2 or later), sent at once;
+// on older brokers nothing renews locks, Capabilities reports no
+// ExtendLease and ExtendLease fails (see [ShareSource]). A renewed record
 // stays valid for a lease from the renewal, past the lock deadline franz-go
 // reported at fetch time. A settle or renewal within half the lease of the
 // lock's end is sent in a request of its own, because the broker refuses a
 // partition's acknowledgements in a request all or nothing. The lock's length (the
-// source's Capabilities.Lease, which the engine renews at a third of) is read
+// source's Capabilities.Lease, which the engine renews at a third of where
+// the brokers renew) is read
 // when the source opens: the group's share.record.lock.duration.ms, else the
 // broker's group.share.record.lock.duration.ms, else 30s.
 //

@@ -62,8 +62,9 @@ const DefaultShareLease = 30 * time.Second
 // Renewing a lock takes Kafka 4.2 (KIP-1222, ShareAcknowledge v2). On older
 // brokers nothing renews locks: Capabilities reports no ExtendLease (the
 // engine then runs no heartbeat), ExtendLease fails, and a record whose
-// handler outlasts its lock is delivered again. Keep handlers well within
-// the lock there, or raise share.record.lock.duration.ms.
+// handler, or whose retry waiting in place, outlasts its lock is delivered
+// again. Keep handlers and retry backoffs well within the lock there, or
+// raise share.record.lock.duration.ms.
 //
 // Receive must be called from one goroutine at a time; the settle methods
 // may be called concurrently.

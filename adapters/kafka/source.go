@@ -979,7 +979,11 @@ func (s *Source) Ack(_ context.Context, msg *ackwise.Message) error {
 // rewinds the partition's fetch position to the first released record, so
 // that record is delivered again (the records after it that were delivered
 // before are fetched again but not redelivered); otherwise the partition's
-// next owner delivers it.
+// next owner delivers it. Until it comes again, the partition's records
+// fetched but not yet delivered are held back (fetched again after it), so
+// none overtakes it; a released record no longer in the log when the rewind
+// fetches (compaction, retention) is given up with a warning, and the
+// partition goes on.
 func (s *Source) Release(_ context.Context, msg *ackwise.Message) error {
 	if err := s.settle(msg, stReleased); err != nil {
 		return err
