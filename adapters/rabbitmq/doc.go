@@ -115,7 +115,8 @@
 // back with basic.return and fails the call with ErrUnroutable (it is never
 // dropped quietly); a basic.nack fails it with ErrNacked. Returns are matched
 // to messages by message-id, exchange and routing key; the sink's
-// message-id is the event ID. The copy dlq.Redrive publishes of a dead
+// message-id is the event ID (a unique one when there is none), but on a
+// redriven dead letter, which keeps its own. The copy dlq.Redrive publishes of a dead
 // letter a Source delivered keeps the dead letter's AMQP properties (but
 // expiration and user-id), its message-id and its header value types; see
 // [Sink.Publish]. The sink marks a publish the broker refused
@@ -146,7 +147,11 @@
 //
 // A Publish in progress when the channel dies waits for the new channel and
 // sends the messages that were not confirmed again (so a message may be
-// stored twice), until its ctx is done.
+// stored twice), until its ctx is done. While the broker refuses the
+// reconnection for good (403: wrong user or password; 530: no access to the
+// vhost), a Publish, or a move, waiting for a channel fails at once with
+// the refusal marked ackwise.Permanent; reconnecting goes on in the
+// background.
 //
 // # Consumer timeout
 //
