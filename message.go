@@ -193,6 +193,9 @@ type Message struct {
 
 	// Handle is the adapter's receipt for this delivery (a delivery tag, a
 	// receipt handle, a partition offset). It is opaque to everything but the
-	// adapter that set it.
+	// adapter that set it. The one exception: on the copy dlq.Redrive
+	// publishes of a dead letter it is a dlq.RedriveHandle, which a sink of
+	// the dead letter's own broker may read (never settle) to keep what a
+	// Message cannot hold; other sinks ignore it.
 	Handle any
 }

@@ -21,7 +21,8 @@ const (
 	// acknowledged and dropped.
 	Discarded
 	// Released: the message was handed back unsettled (shutdown, including
-	// messages the open breaker held; a lost receipt).
+	// messages the open breaker held; a lost receipt; queued in its lane
+	// behind a message of its key that went back to the broker unsettled).
 	Released
 	// SettleFailed: the broker refused the settle call; it will redeliver.
 	SettleFailed
