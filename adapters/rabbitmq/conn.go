@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -25,7 +26,7 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 	}
 	// The socket being dialled, so that ctx can cut its handshake short.
 	var mu sync.Mutex
-	var socket net.Conn
+	var socket *readErrConn
 	stop := context.AfterFunc(ctx, func() {
 		mu.Lock()
 		defer mu.Unlock()
@@ -52,14 +53,15 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 				nc.Close()
 				return nil, err
 			}
+			rc := &readErrConn{Conn: nc}
 			mu.Lock()
-			socket = nc
+			socket = rc
 			mu.Unlock()
 			if ctx.Err() != nil { // cancelled before the socket was known
 				nc.Close()
 				return nil, ctx.Err()
 			}
-			return nc, nil
+			return rc, nil
 		},
 	}
 	if cfg.TLSClientConfig == nil {
@@ -75,6 +77,22 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 		ac.Close()
 		err = ctx.Err()
 	}
+	if err != nil && (errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost)) {
+		// amqp091-go reports any failure to read the broker's answer to
+		// start-ok or open as one of these 403s: a broker refusing a login
+		// closes the socket without a word (RabbitMQ resets it, so a
+		// closed or reset socket cannot be told from a refusal). A read
+		// that timed out is a broker too slow to answer, not a refusal:
+		// say so, or refusedForGood would fail publishes permanently for
+		// a transient fault.
+		mu.Lock()
+		rc := socket
+		mu.Unlock()
+		var ne net.Error
+		if rerr := rc.readErr(); errors.As(rerr, &ne) && ne.Timeout() {
+			err = fmt.Errorf("the broker did not answer the AMQP handshake in time: %w", rerr)
+		}
+	}
 	if err != nil {
 		if cerr := ctx.Err(); cerr != nil {
 			if errors.Is(err, cerr) {
@@ -85,6 +103,31 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 		return nil, fmt.Errorf("rabbitmq: connect to %s: %w%s", c.redacted, err, dialHint(err))
 	}
 	return ac, nil
+}
+
+// readErrConn keeps the first error a read of its socket returned.
+type readErrConn struct {
+	net.Conn
+	err atomic.Pointer[error]
+}
+
+func (c *readErrConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err != nil {
+		c.err.CompareAndSwap(nil, &err)
+	}
+	return n, err
+}
+
+// readErr returns the first read error of c (nil: none, or c is nil).
+func (c *readErrConn) readErr() error {
+	if c == nil {
+		return nil
+	}
+	if p := c.err.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // dialHint points at the likely cause of a failed connection.
