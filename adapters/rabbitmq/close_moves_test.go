@@ -17,6 +17,7 @@ import (
 type gateProxy struct {
 	mu   sync.Mutex
 	open chan struct{} // closed while the gate is open
+	l    net.Listener
 }
 
 func newGateProxy(t *testing.T) (*gateProxy, string) {
@@ -29,7 +30,7 @@ func newGateProxy(t *testing.T) (*gateProxy, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := &gateProxy{open: make(chan struct{})}
+	g := &gateProxy{open: make(chan struct{}), l: l}
 	close(g.open)
 	var mu sync.Mutex
 	var conns []net.Conn
@@ -93,6 +94,9 @@ func (g *gateProxy) hold() {
 	default:
 	}
 }
+
+// refuse closes the proxy's listener: dialling it is refused from now on.
+func (g *gateProxy) refuse() { g.l.Close() }
 
 // release lets it through again.
 func (g *gateProxy) release() {

@@ -136,6 +136,7 @@ func (p *stallProxy) stallAfterStartOk(c net.Conn) {
 // once, permanently: producer.Publisher stopped retrying, and a handler
 // publishing with the sink had its message dead-lettered for an outage.
 func TestPublisherHandshakeTimeoutIsNotRefusal(t *testing.T) {
+	t.Parallel()
 	needBroker(t)
 	cfg := testConfig(t, Classic)
 	declare(t, cfg)

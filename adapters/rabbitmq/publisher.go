@@ -169,8 +169,16 @@ func (p *publisher) set(s *pubSession) {
 	p.mu.Unlock()
 }
 
+// refusal is the refusal recorded by refuse, or nil.
+func (p *publisher) refusal() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refused
+}
+
 // refuse records that the broker refused to reconnect for good, and wakes
-// the publishes waiting for a channel: they fail with err.
+// the publishes waiting for a channel: they fail with err (with nil, they
+// wait again).
 func (p *publisher) refuse(err error) {
 	p.mu.Lock()
 	p.refused = err
@@ -204,6 +212,11 @@ func (p *publisher) run(s *pubSession) {
 					// ctx; reconnecting goes on, for when access is given
 					// back.
 					p.refuse(err)
+				} else if p.refusal() != nil {
+					// An earlier refusal of this outage no longer stands
+					// (a broker restarting resets handshakes, which reads
+					// as a refusal): publishes wait again.
+					p.refuse(nil)
 				}
 				continue
 			}

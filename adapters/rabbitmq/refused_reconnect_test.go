@@ -52,28 +52,13 @@ func TestPublisherRefusedForGoodFailsPermanently(t *testing.T) {
 				}
 				return out
 			}
-			rabbitmqctl(t, "add_user", user, "pw")
-			t.Cleanup(func() { rabbitmqctl(t, "delete_user", user) })
-			rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
-
-			cfg := testConfig(t, Classic)
-			declare(t, cfg)
-			u, err := url.Parse(testURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			u.User = url.UserPassword(user, "pw")
-			sink := newSink(t, SinkConfig{URL: u.String(), RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName,
-				ReconnectInitialInterval: 50 * time.Millisecond, ReconnectMaxInterval: 200 * time.Millisecond})
-			if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "before"}); err != nil {
-				t.Fatal(err)
-			}
+			cfg, sink := userSink(t, user, testURL())
 
 			rabbitmqctl(t, subst(tc.revoke)...)
 			if closeConnections(t, cfg.ConnectionName) == 0 {
 				t.Fatal("no connection of the sink to close")
 			}
-			err = sink.Publish(ctxT(t), &ackwise.Message{ID: "refused"})
+			err := sink.Publish(ctxT(t), &ackwise.Message{ID: "refused"})
 			var ae *amqp.Error
 			if errors.Is(err, context.DeadlineExceeded) || !errors.As(err, &ae) || ae.Code != tc.code {
 				t.Fatalf("Publish after the broker refused the reconnection: %v, want the broker's %d at once", err, tc.code)
@@ -124,4 +109,60 @@ func TestRefusedForGoodCodes(t *testing.T) {
 			t.Errorf("refusedForGood(%v) = %v, want %v", tc.err, got, tc.want)
 		}
 	}
+}
+
+// TestPublisherRefusalClearedByTransientFailure: a refusal for good stands
+// only until a reconnection fails for another reason. A broker restarting
+// resets handshakes in flight, which reads as a refusal; once it is down,
+// the connection is refused at the socket: publishes must wait again
+// (transient), not keep failing permanently for the rest of the outage.
+func TestPublisherRefusalClearedByTransientFailure(t *testing.T) {
+	t.Parallel()
+	needBroker(t)
+	user := "ackwise-test-" + randSuffix()
+	gate, proxyURL := newGateProxy(t)
+	cfg, sink := userSink(t, user, proxyURL)
+	rabbitmqctl(t, "change_password", user, "not-the-old-one")
+	if closeConnections(t, cfg.ConnectionName) == 0 {
+		t.Fatal("no connection of the sink to close")
+	}
+	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "refused"}); ackwise.ClassOf(err) != ackwise.ClassPermanent {
+		t.Fatalf("Publish after the broker refused the reconnection: %v (class %v), want permanent", err, ackwise.ClassOf(err))
+	}
+	gate.refuse() // the broker is gone: the next reconnection is refused at the socket
+	ctx := ctxT(t)
+	for {
+		short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		err := sink.Publish(short, &ackwise.Message{ID: "down"})
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) && ackwise.ClassOf(err) != ackwise.ClassPermanent {
+			return // waiting for a reconnection again
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("Publish still fails with %v (class %v) while the broker cannot be reached, want a wait", err, ackwise.ClassOf(err))
+		}
+	}
+}
+
+// userSink adds user (password pw, all permissions on /, deleted when the
+// test ends), declares a queue and opens a sink publishing to it as user
+// through brokerURL, reconnecting fast, and publishes one message, "before".
+func userSink(t *testing.T, user, brokerURL string) (Config, *Sink) {
+	t.Helper()
+	rabbitmqctl(t, "add_user", user, "pw")
+	t.Cleanup(func() { rabbitmqctl(t, "delete_user", user) })
+	rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
+	cfg := testConfig(t, Classic)
+	declare(t, cfg)
+	u, err := url.Parse(brokerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, "pw")
+	sink := newSink(t, SinkConfig{URL: u.String(), RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName,
+		ReconnectInitialInterval: 50 * time.Millisecond, ReconnectMaxInterval: 200 * time.Millisecond})
+	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "before"}); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, sink
 }
