@@ -281,6 +281,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 	buf := make([]*ackwise.Message, c.cfg.ReceiveBatch)
 	var errBackoff time.Duration
+	var pause settlePause
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -288,6 +289,12 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		free := c.awaitSpace(ctx)
 		if free == 0 {
 			return nil
+		}
+		if d := pause.next(c.stats.settleErrors.Load(), c.clock.Now()); d > 0 {
+			c.log.Warn("settles failing; pausing before receiving more", slog.Duration("pause", d))
+			if !c.sleep(ctx, d) {
+				return nil
+			}
 		}
 		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
 		if n > 0 {
@@ -315,6 +322,32 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 			}
 		}
 	}
+}
+
+// settlePause slows the intake while settles fail. A message whose Nack or
+// DeadLetter fails (its retry topic or dead-letter queue cannot be written)
+// is released, and the broker redelivers it at once, to fail again: without
+// a pause that loop runs as fast as the broker redelivers, an error logged
+// each time. Each Receive after new failures waits twice as long as the last
+// (10ms up to 5s); the pause ends once no failure came for twice its length.
+type settlePause struct {
+	seen uint64        // failures counted so far
+	last time.Time     // when new failures were last seen
+	wait time.Duration // the last pause
+}
+
+// next returns how long to wait before the next Receive, failures being the
+// count of failed settles so far.
+func (p *settlePause) next(failures uint64, now time.Time) time.Duration {
+	if failures != p.seen {
+		p.seen, p.last = failures, now
+		p.wait = min(max(2*p.wait, 10*time.Millisecond), 5*time.Second)
+		return p.wait
+	}
+	if p.wait > 0 && now.Sub(p.last) > 2*p.wait {
+		p.wait = 0
+	}
+	return 0
 }
 
 // sleep waits d on the engine's clock; false if ctx ended first.
@@ -481,6 +514,7 @@ func (c *Consumer) deadLetter(ctx context.Context, msg *ackwise.Message, reason 
 func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration, err error) result {
 	if err != nil {
 		if !errors.Is(err, adapters.ErrReceiptInvalid) {
+			c.stats.settleErrors.Add(1)
 			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
 			// Hand the delivery back so it is not stuck unsettled (an AMQP
 			// delivery would hold its prefetch slot until the channel

@@ -70,4 +70,7 @@ type Stats struct {
 type counters struct {
 	received, receiveErrors, panics atomic.Uint64
 	outcomes                        [len(outcomeNames)]atomic.Uint64
+	// settleErrors counts the settles that failed other than on an
+	// invalid receipt (the receive loop pauses on them; see settlePause).
+	settleErrors atomic.Uint64
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -236,5 +237,44 @@ func TestFailedSettleKeepsKeyOrderMemory(t *testing.T) {
 			}
 			memorytest.RequireHandledInOrder(t, br, topic, "a")
 		})
+	}
+}
+
+// TestFailingSettlesSlowTheIntake: a message whose dead letter cannot be
+// written (the dead-letter queue refuses every publish) is released, and the
+// log redelivers it at once, to fail again. The engine pauses its intake
+// while settles fail (10ms, doubling): before, the loop ran as fast as the
+// broker redelivered, an error logged each time.
+func TestFailingSettlesSlowTheIntake(t *testing.T) {
+	t.Parallel()
+	br, _ := memorytest.NewBroker(t)
+	topic := memorytest.UniqueName(t)
+	if err := br.CreateTopic(topic, memory.TopicConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.CreateQueue(topic+memory.DeadLetterSuffix, memory.QueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	memorytest.Inject(t, br, topic+memory.DeadLetterSuffix, memory.Fault{Kind: memory.FaultFailPublish}) // every time
+	memorytest.Publish(t, br, topic, memorytest.Msg("poison", "k", "x"))
+	src, err := br.JoinGroup(topic, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	var runs atomic.Int64
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		runs.Add(1)
+		return ackwise.Permanent(errors.New("invalid order"))
+	}), consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, c)
+	// Over half a second, pauses of 10, 20, 40, 80, 160ms... leave room
+	// for a handful of runs; without them there are thousands.
+	time.Sleep(500 * time.Millisecond) // a rate over a window: no event to await
+	if n := runs.Load(); n < 2 || n > 12 {
+		t.Fatalf("%d runs of a message whose dead letter always fails, within 500ms: want a few, paced", n)
 	}
 }
