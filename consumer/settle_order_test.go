@@ -166,14 +166,7 @@ func TestFailedSettleKeepsKeyOrderMemory(t *testing.T) {
 	for _, op := range []string{"ack", "dead-letter"} {
 		t.Run(op, func(t *testing.T) {
 			t.Parallel()
-			br, _ := memorytest.NewBroker(t)
-			topic := memorytest.UniqueName(t)
-			if err := br.CreateTopic(topic, memory.TopicConfig{}); err != nil {
-				t.Fatal(err)
-			}
-			if err := br.CreateQueue(topic+memory.DeadLetterSuffix, memory.QueueConfig{}); err != nil {
-				t.Fatal(err)
-			}
+			br, topic := logWithDLQ(t)
 			const n = 10
 			var pub []*ackwise.Message
 			for i := range n {
@@ -247,14 +240,7 @@ func TestFailedSettleKeepsKeyOrderMemory(t *testing.T) {
 // broker redelivered, an error logged each time.
 func TestFailingSettlesSlowTheIntake(t *testing.T) {
 	t.Parallel()
-	br, _ := memorytest.NewBroker(t)
-	topic := memorytest.UniqueName(t)
-	if err := br.CreateTopic(topic, memory.TopicConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := br.CreateQueue(topic+memory.DeadLetterSuffix, memory.QueueConfig{}); err != nil {
-		t.Fatal(err)
-	}
+	br, topic := logWithDLQ(t)
 	memorytest.Inject(t, br, topic+memory.DeadLetterSuffix, memory.Fault{Kind: memory.FaultFailPublish}) // every time
 	memorytest.Publish(t, br, topic, memorytest.Msg("poison", "k", "x"))
 	src, err := br.JoinGroup(topic, "g")
@@ -277,4 +263,18 @@ func TestFailingSettlesSlowTheIntake(t *testing.T) {
 	if n := runs.Load(); n < 2 || n > 12 {
 		t.Fatalf("%d runs of a message whose dead letter always fails, within 500ms: want a few, paced", n)
 	}
+}
+
+// logWithDLQ starts a memory broker with a topic and its dead-letter queue.
+func logWithDLQ(t *testing.T) (*memory.Broker, string) {
+	t.Helper()
+	br, _ := memorytest.NewBroker(t)
+	topic := memorytest.UniqueName(t)
+	if err := br.CreateTopic(topic, memory.TopicConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := br.CreateQueue(topic+memory.DeadLetterSuffix, memory.QueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	return br, topic
 }
