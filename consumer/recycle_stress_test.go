@@ -281,3 +281,128 @@ func TestRecycleStressBreakerDrain(t *testing.T) {
 		}
 	}
 }
+
+// flakySettle is a reuseSource whose every seventh settle call (Ack, Nack
+// or DeadLetter) fails: the engine releases that message and, when it is
+// ordered, the messages queued behind it in its lane.
+type flakySettle struct {
+	*reuseSource
+	calls atomic.Int64
+}
+
+func (s *flakySettle) fails(op string, m *ackwise.Message) error {
+	if s.calls.Add(1)%7 != 0 {
+		return nil
+	}
+	s.use(op, m, false)
+	return errors.New(op + ": connection reset by peer")
+}
+
+func (s *flakySettle) Ack(ctx context.Context, m *ackwise.Message) error {
+	if err := s.fails("Ack", m); err != nil {
+		return err
+	}
+	return s.reuseSource.Ack(ctx, m)
+}
+
+func (s *flakySettle) Nack(ctx context.Context, m *ackwise.Message, d time.Duration) error {
+	if err := s.fails("Nack", m); err != nil {
+		return err
+	}
+	return s.reuseSource.Nack(ctx, m, d)
+}
+
+func (s *flakySettle) DeadLetter(ctx context.Context, m *ackwise.Message, env dlq.Envelope) error {
+	if err := s.fails("DeadLetter", m); err != nil {
+		return err
+	}
+	return s.reuseSource.DeadLetter(ctx, m, env)
+}
+
+type flakyBatch struct{ *flakySettle }
+
+func (s flakyBatch) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
+	for i, m := range msgs {
+		errs[i] = s.Ack(ctx, m)
+	}
+}
+
+// Ordered messages whose settles fail now and then, so that their lanes are
+// released behind them, with heartbeats, the breaker, in-place or broker
+// retries, in every pace, run to the end or stopped midway: every message
+// received is settled or released once, recycled once after the engine is
+// done with it, and nothing stays in flight.
+func TestRecycleStressFailedSettleOrdered(t *testing.T) {
+	for _, pace := range paces {
+		for _, mode := range []consumer.RetryMode{consumer.RetryInPlace, consumer.RetryBroker} {
+			for _, ord := range []consumer.Ordering{consumer.OrderKey, consumer.OrderPartition} {
+				for _, batchAck := range []bool{false, true} {
+					for _, early := range []bool{false, true} {
+						t.Run(fmt.Sprintf("%s/%v/%v/batchAck=%t/early=%t", pace, mode, ord, batchAck, early), func(t *testing.T) {
+							failedSettleStress(t, pace, mode, ord, batchAck, early)
+						})
+					}
+				}
+			}
+		}
+	}
+}
+
+func failedSettleStress(t *testing.T, pace string, mode consumer.RetryMode, ord consumer.Ordering, batchAck, early bool) {
+	const n = 1500
+	stopAt := int64(n)
+	if early {
+		stopAt = n / 3
+	}
+	rs := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true, Lease: 3 * time.Millisecond, ExtendLease: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
+	rs.cond = sync.NewCond(&rs.mu)
+	fs := &flakySettle{reuseSource: rs}
+	var source adapters.Source = fs
+	if batchAck {
+		source = flakyBatch{fs}
+	}
+	var calls atomic.Int64
+	h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
+		c := calls.Add(1)
+		switch c % 17 {
+		case 3:
+			return errors.New("transient")
+		case 5:
+			return ackwise.Permanent(errors.New("bad"))
+		case 7:
+			time.Sleep(30 * time.Microsecond) // a slow handler: the pace changes
+		}
+		return nil
+	})
+	c := newPaced(t, source, h, consumer.Config{Ordering: ord, Concurrency: 3, MaxInFlight: 40, ReceiveBatch: 16, RetryMode: mode, Observer: obs{rs},
+		Breaker: &consumer.Breaker{Threshold: 5, ProbeInterval: time.Millisecond, MaxProbeInterval: 2 * time.Millisecond},
+		Retry:   retry.Policy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond}}, pace)
+	stop := run(t, c)
+	deadline := time.Now().Add(20 * time.Second)
+	for rs.acks.Load()+rs.nacks.Load()+rs.dead.Load()+rs.rel.Load() < stopAt {
+		if time.Now().After(deadline) {
+			t.Fatalf("stuck: %+v", c.Stats())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.InFlight != 0 {
+		t.Fatalf("in flight after the drain: %+v", st)
+	}
+	// A finisher recycles its message after it leaves the in-flight count
+	// (the heartbeat after its round); there is no signal for it: poll.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		rs.mu.Lock()
+		left := len(rs.live)
+		rs.mu.Unlock()
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d messages never recycled", left)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
