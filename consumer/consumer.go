@@ -290,7 +290,7 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		if free == 0 {
 			return nil
 		}
-		if d := pause.next(c.stats.settleErrors.Load(), c.clock.Now()); d > 0 {
+		if d := pause.next(c.stats.settleErrors.Load(), c.stats.settledOK()); d > 0 {
 			c.log.Warn("settles failing; pausing before receiving more", slog.Duration("pause", d))
 			if !c.sleep(ctx, d) {
 				return nil
@@ -324,30 +324,34 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 	}
 }
 
-// settlePause slows the intake while settles fail. A message whose Nack or
-// DeadLetter fails (its retry topic or dead-letter queue cannot be written)
-// is released, and the broker redelivers it at once, to fail again: without
-// a pause that loop runs as fast as the broker redelivers, an error logged
-// each time. Each Receive after new failures waits twice as long as the last
-// (10ms up to 5s); the pause ends once no failure came for twice its length.
+// settlePause slows the intake while settles fail and nothing else goes
+// through. A message whose Nack or DeadLetter fails (its retry topic or
+// dead-letter queue cannot be written) is released, and the broker
+// redelivers it at once, to fail again: alone, that loop runs as fast as the
+// broker redelivers, an error logged each time. A Receive after new failures
+// with nothing settled since the last ones waits twice as long as the last
+// time (10ms up to 5s). While other messages are settled, nothing waits: the
+// loop goes at their pace, and a pause would hold back the healthy messages
+// (those of the other partitions, when one retry topic is unwritable).
 type settlePause struct {
-	seen uint64        // failures counted so far
-	last time.Time     // when new failures were last seen
-	wait time.Duration // the last pause
+	seen    uint64        // failures counted so far
+	settled uint64        // messages settled so far, at the last failures
+	wait    time.Duration // the last pause
 }
 
 // next returns how long to wait before the next Receive, failures being the
-// count of failed settles so far.
-func (p *settlePause) next(failures uint64, now time.Time) time.Duration {
-	if failures != p.seen {
-		p.seen, p.last = failures, now
-		p.wait = min(max(2*p.wait, 10*time.Millisecond), 5*time.Second)
-		return p.wait
+// count of failed settles so far and settled that of successful ones.
+func (p *settlePause) next(failures, settled uint64) time.Duration {
+	if failures == p.seen {
+		return 0
 	}
-	if p.wait > 0 && now.Sub(p.last) > 2*p.wait {
+	if settled != p.settled {
 		p.wait = 0
+	} else {
+		p.wait = min(max(2*p.wait, 10*time.Millisecond), 5*time.Second)
 	}
-	return 0
+	p.seen, p.settled = failures, settled
+	return p.wait
 }
 
 // sleep waits d on the engine's clock; false if ctx ended first.

@@ -37,9 +37,9 @@
 // failed, or it was released) takes the messages waiting behind it in its
 // lane back with it, unrun, so that they do not overtake its redelivery
 // (docs/ordering.md). While settles fail (a retry topic or dead-letter queue
-// that cannot be written), the engine pauses before each Receive, 10ms
-// doubling up to 5s, so that the broker's redeliveries of the failing
-// messages do not spin.
+// that cannot be written) and no other message is settled, the engine
+// pauses before each Receive, 10ms doubling up to 5s, so that the broker's
+// redeliveries of the failing messages do not spin.
 //
 // The handler pipeline has a fixed order owned by the engine: recover →
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →

@@ -74,3 +74,13 @@ type counters struct {
 	// invalid receipt (the receive loop pauses on them; see settlePause).
 	settleErrors atomic.Uint64
 }
+
+// settledOK is how many messages were settled so far: acked, moved for a
+// retry, dead-lettered or discarded.
+func (c *counters) settledOK() uint64 {
+	var n uint64
+	for _, o := range []Outcome{Acked, Retried, DeadLettered, Discarded} {
+		n += c.outcomes[o].Load()
+	}
+	return n
+}
