@@ -30,9 +30,17 @@ const (
 // whose value is that of the same key in orig (the table of the delivery
 // the message came from, or nil): it keeps orig's value and so its wire
 // type (an int header stays an int). Of a repeated key the last value wins.
+// It leaves out what a message copied from a delivery (a redriven dead
+// letter) carries of that delivery alone: x-delivery-count, the broker's
+// per-delivery count, which a quorum queue would add to the message's
+// attempts (attemptOf) on its first delivery, and the x-first-death-* and
+// x-last-death-* summaries of an x-death history the copy does not carry.
 func toTable(h ackwise.Headers, orig amqp.Table, extra int) amqp.Table {
 	t := make(amqp.Table, len(h)+extra)
 	for _, kv := range h {
+		if kv.Key == headerDeliveryCount || isDeathHeader(kv.Key) {
+			continue
+		}
 		if ov, ok := orig[kv.Key]; ok {
 			if s, ok := scalarString(ov); ok && s == kv.Value {
 				t[kv.Key] = ov

@@ -105,15 +105,6 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 			pub.MessageId = s.p.nextID()
 		}
 		h := toTable(m.Headers, orig, 2)
-		// The broker's per-delivery count, copied from a delivery (a
-		// redriven dead letter): a quorum queue would add it to the
-		// message's attempts (attemptOf) on its first delivery.
-		delete(h, headerDeliveryCount)
-		for k := range h {
-			if isDeathHeader(k) {
-				delete(h, k)
-			}
-		}
 		if id != "" {
 			h[ackwise.HeaderEventID] = id
 		}
