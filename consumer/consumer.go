@@ -290,10 +290,12 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		if free == 0 {
 			return nil
 		}
-		if d := pause.next(c.stats.settleErrors.Load(), c.stats.settledOK()); d > 0 {
-			c.log.Warn("settles failing; pausing before receiving more", slog.Duration("pause", d))
-			if !c.sleep(ctx, d) {
-				return nil
+		if f := c.stats.settleErrors.Load(); f != pause.seen { // one load while settles succeed
+			if d := pause.next(f, c.stats.settledOK()); d > 0 {
+				c.log.Warn("settles failing; pausing before receiving more", slog.Duration("pause", d))
+				if !c.sleep(ctx, d) {
+					return nil
+				}
 			}
 		}
 		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
