@@ -169,22 +169,19 @@ func (p *publisher) set(s *pubSession) {
 	p.mu.Unlock()
 }
 
-// refusal is the refusal recorded by refuse, or nil.
-func (p *publisher) refusal() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.refused
-}
-
-// refuse records that the broker refused to reconnect for good, and wakes
-// the publishes waiting for a channel: they fail with err (with nil, they
-// wait again).
+// refuse records the broker's refusal for good of the last reconnection
+// (nil: the attempt failed otherwise) and, when that changes anything,
+// wakes the publishes waiting for a channel: they fail with err, or with
+// nil wait again.
 func (p *publisher) refuse(err error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err == nil && p.refused == nil {
+		return
+	}
 	p.refused = err
 	close(p.changed)
 	p.changed = make(chan struct{})
-	p.mu.Unlock()
 }
 
 // run replaces the session whenever it dies, until Close.
@@ -207,17 +204,16 @@ func (p *publisher) run(s *pubSession) {
 			ns, err := p.open(p.ctx)
 			if err != nil {
 				p.c.log.Warn("rabbitmq: publisher reconnect failed", "role", p.role, "error", err)
+				// Refused for good, publishes fail at once rather than wait
+				// for their ctx; reconnecting goes on, for when access is
+				// given back. A refusal stands only until an attempt fails
+				// otherwise (a broker restarting resets handshakes, which
+				// reads as a refusal).
+				var refused error
 				if refusedForGood(err) {
-					// Publishes fail at once rather than wait for their
-					// ctx; reconnecting goes on, for when access is given
-					// back.
-					p.refuse(err)
-				} else if p.refusal() != nil {
-					// An earlier refusal of this outage no longer stands
-					// (a broker restarting resets handshakes, which reads
-					// as a refusal): publishes wait again.
-					p.refuse(nil)
+					refused = err
 				}
+				p.refuse(refused)
 				continue
 			}
 			s = ns
