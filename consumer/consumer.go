@@ -62,7 +62,7 @@ type Consumer struct {
 	space       chan struct{}                  // signalled when in-flight drops below the limit
 	stopping    atomic.Bool                    // written under mu, read without it
 	drained     chan struct{}                  // closed when in-flight reaches 0 while stopping
-	waiting     map[*ackwise.Message]waitEntry // in-place retries
+	waiting     map[*ackwise.Message]waitEntry // in-place retries and redelivery holds
 	leases      map[*ackwise.Message]time.Time // when the lease was last set
 	breaker     *breakerState
 	settleCtx   context.Context // set by Run before its goroutines start
@@ -75,9 +75,34 @@ type Consumer struct {
 	// sees a recycled message.
 	extending map[*ackwise.Message]bool
 	hbRecycle []*ackwise.Message
+
+	// failedSettles remembers the messages whose settle failed, by
+	// identity, so that their redeliveries wait (holdRedelivery). Under mu;
+	// nFailedSettles is its length, stored under mu and read without it, so
+	// that while no settle fails a message costs one atomic load, not a
+	// lock and a lookup.
+	failedSettles  map[msgID]failedSettle
+	nFailedSettles atomic.Int32
 }
 
-// waitEntry is a message waiting in place for its retry.
+// msgID identifies a message across its redeliveries: its source and
+// broker ID ("topic/partition@offset" on Kafka, the AMQP message-id).
+type msgID struct{ source, brokerID string }
+
+// failedSettle is a message whose settle failed: failures times in a row,
+// its next run not before notBefore.
+type failedSettle struct {
+	failures  int
+	notBefore time.Time
+}
+
+// maxFailedSettles bounds failedSettles (invariant 6): when full, an
+// arbitrary entry is dropped, and that message's next redelivery runs at
+// once.
+const maxFailedSettles = 4096
+
+// waitEntry is a message waiting in place: for its retry, or held as the
+// redelivery of a message whose settle failed (holdRedelivery).
 type waitEntry struct {
 	timer ackwise.Timer
 	ln    *lane
@@ -281,7 +306,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 	buf := make([]*ackwise.Message, c.cfg.ReceiveBatch)
 	var errBackoff time.Duration
-	var pause settlePause
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -289,14 +313,6 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		free := c.awaitSpace(ctx)
 		if free == 0 {
 			return nil
-		}
-		if f := c.stats.settleErrors.Load(); f != pause.seen { // one load while settles succeed
-			if d := pause.next(f, c.stats.settledOK()); d > 0 {
-				c.log.Warn("settles failing; pausing before receiving more", slog.Duration("pause", d))
-				if !c.sleep(ctx, d) {
-					return nil
-				}
-			}
 		}
 		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
 		if n > 0 {
@@ -324,36 +340,6 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 			}
 		}
 	}
-}
-
-// settlePause slows the intake while settles fail and nothing else goes
-// through. A message whose Nack or DeadLetter fails (its retry topic or
-// dead-letter queue cannot be written) is released, and the broker
-// redelivers it at once, to fail again: alone, that loop runs as fast as the
-// broker redelivers, an error logged each time. A Receive after new failures
-// with nothing settled since the last ones waits twice as long as the last
-// time (10ms up to 5s). While other messages are settled, nothing waits: the
-// loop goes at their pace, and a pause would hold back the healthy messages
-// (those of the other partitions, when one retry topic is unwritable).
-type settlePause struct {
-	seen    uint64        // failures counted so far
-	settled uint64        // messages settled so far, at the last failures
-	wait    time.Duration // the last pause
-}
-
-// next returns how long to wait before the next Receive, failures being the
-// count of failed settles so far and settled that of successful ones.
-func (p *settlePause) next(failures, settled uint64) time.Duration {
-	if failures == p.seen {
-		return 0
-	}
-	if settled != p.settled {
-		p.wait = 0
-	} else {
-		p.wait = min(max(2*p.wait, 10*time.Millisecond), 5*time.Second)
-	}
-	p.seen, p.settled = failures, settled
-	return p.wait
 }
 
 // sleep waits d on the engine's clock; false if ctx ended first.
@@ -419,6 +405,11 @@ func (c *Consumer) process(ctx context.Context, t task) (res result, elapsed tim
 	if c.stopping.Load() || !c.src.Valid(msg) {
 		c.release(msg)
 		return returned, 0
+	}
+	if c.nFailedSettles.Load() > 0 {
+		if res, ok := c.holdRedelivery(t); ok {
+			return res, 0
+		}
 	}
 	var start time.Time
 	if c.cfg.Observer != nil {
@@ -488,7 +479,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 		// Observe before the wait is scheduled: once it is, the message may
 		// run again on another worker.
 		c.observe(msg, Retried, elapsed)
-		if !c.waitInPlace(t, delay) {
+		if !c.waitInPlace(t, delay, true) {
 			c.release(msg)
 			return returned
 		}
@@ -520,7 +511,7 @@ func (c *Consumer) deadLetter(ctx context.Context, msg *ackwise.Message, reason 
 func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration, err error) result {
 	if err != nil {
 		if !errors.Is(err, adapters.ErrReceiptInvalid) {
-			c.stats.settleErrors.Add(1)
+			c.settleFailed(msg)
 			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
 			// Hand the delivery back so it is not stuck unsettled (an AMQP
 			// delivery would hold its prefetch slot until the channel
@@ -530,8 +521,74 @@ func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration
 		c.observe(msg, SettleFailed, elapsed)
 		return returned
 	}
+	c.settledOK(msg)
 	c.observe(msg, o, elapsed)
 	return settled
+}
+
+// settleFailed remembers msg, whose settle failed: the broker redelivers it
+// at once, and run at once it would likely fail again, in a loop as fast as
+// the broker redelivers, an error logged each time (on Kafka, a partition
+// rewind each time). Its redeliveries wait 10ms, doubling with each failure
+// in a row up to 5s (holdRedelivery). Only this message waits: the others go
+// on at their pace. A message without a broker ID cannot be recognised when
+// it comes back, and is not remembered.
+func (c *Consumer) settleFailed(msg *ackwise.Message) {
+	if msg.BrokerID == "" {
+		return
+	}
+	id := msgID{msg.Source, msg.BrokerID}
+	now := c.clock.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failedSettles == nil {
+		c.failedSettles = make(map[msgID]failedSettle)
+	}
+	f, ok := c.failedSettles[id]
+	if !ok && len(c.failedSettles) >= maxFailedSettles {
+		for k := range c.failedSettles {
+			delete(c.failedSettles, k)
+			break
+		}
+	}
+	f.failures++
+	f.notBefore = now.Add(min(10*time.Millisecond<<min(f.failures-1, 10), 5*time.Second))
+	c.failedSettles[id] = f
+	c.nFailedSettles.Store(int32(len(c.failedSettles)))
+}
+
+// settledOK forgets msg's failed settles, if any: it is settled.
+func (c *Consumer) settledOK(msg *ackwise.Message) {
+	if c.nFailedSettles.Load() == 0 || msg.BrokerID == "" {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.failedSettles, msgID{msg.Source, msg.BrokerID})
+	c.nFailedSettles.Store(int32(len(c.failedSettles)))
+}
+
+// holdRedelivery holds t's message in place when it is the redelivery of a
+// message whose settle failed and its delay is not over: it stays in
+// flight, its lane held (its key keeps its order) and its lease extended,
+// and runs when the delay is over, at the same attempt. ok is false when
+// the message may run now.
+func (c *Consumer) holdRedelivery(t task) (res result, ok bool) {
+	if t.msg.BrokerID == "" {
+		return 0, false
+	}
+	now := c.clock.Now()
+	c.mu.Lock()
+	f, found := c.failedSettles[msgID{t.msg.Source, t.msg.BrokerID}]
+	c.mu.Unlock()
+	if !found || !now.Before(f.notBefore) {
+		return 0, false
+	}
+	if !c.waitInPlace(t, f.notBefore.Sub(now), false) {
+		c.release(t.msg)
+		return returned, true
+	}
+	return held, true
 }
 
 func (c *Consumer) observe(msg *ackwise.Message, o Outcome, elapsed time.Duration) {
@@ -547,9 +604,11 @@ func (c *Consumer) release(msg *ackwise.Message) {
 }
 
 // waitInPlace schedules t's message to run again after delay. The message
-// stays in flight and its lane stays held. It returns false when the
-// consumer is stopping; the caller then releases the message.
-func (c *Consumer) waitInPlace(t task, delay time.Duration) bool {
+// stays in flight and its lane stays held. retry says the wait is for a
+// retry, which runs at the next attempt (a held redelivery runs at the
+// same). It returns false when the consumer is stopping; the caller then
+// releases the message.
+func (c *Consumer) waitInPlace(t task, delay time.Duration, retry bool) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopping.Load() {
@@ -558,19 +617,22 @@ func (c *Consumer) waitInPlace(t task, delay time.Duration) bool {
 	if c.waiting == nil {
 		c.waiting = make(map[*ackwise.Message]waitEntry)
 	}
-	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t) }), ln: t.ln}
+	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t, retry) }), ln: t.ln}
 	return true
 }
 
-// wake puts a message whose in-place wait is over back on the work queue.
-func (c *Consumer) wake(t task) {
+// wake puts a message whose in-place wait is over back on the work queue,
+// at its next attempt after a retry's wait.
+func (c *Consumer) wake(t task, retry bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.waiting[t.msg]; !ok {
 		return // released by stop
 	}
 	delete(c.waiting, t.msg)
-	t.msg.Attempt++
+	if retry {
+		t.msg.Attempt++
+	}
 	c.queueLocked(t)
 }
 

@@ -36,10 +36,12 @@
 // every mode. A message that goes back to the broker unsettled (its settle
 // failed, or it was released) takes the messages waiting behind it in its
 // lane back with it, unrun, so that they do not overtake its redelivery
-// (docs/ordering.md). While settles fail (a retry topic or dead-letter queue
-// that cannot be written) and no other message is settled, the engine
-// pauses before each Receive, 10ms doubling up to 5s, so that the broker's
-// redeliveries of the failing messages do not spin.
+// (docs/ordering.md). A message whose settle failed (a retry topic or
+// dead-letter queue that cannot be written) comes back at once; the engine
+// remembers it by Source and BrokerID and holds each redelivery in place
+// (in flight, its lane held, its lease extended, at the same attempt),
+// 10ms doubling per failure in a row up to 5s, so that the redeliveries do
+// not spin. The other messages are not held back.
 //
 // The handler pipeline has a fixed order owned by the engine: recover →
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →

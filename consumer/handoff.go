@@ -630,8 +630,10 @@ func (c *Consumer) ackRan(w *workerState) {
 			failed = true
 			r.res = c.settle(r.msg, Acked, r.elapsed, errs[i])
 		case c.cfg.Observer == nil:
+			c.settledOK(r.msg)
 			acked++ // counted at once below
 		default:
+			c.settledOK(r.msg)
 			c.observe(r.msg, Acked, r.elapsed)
 		}
 		i++

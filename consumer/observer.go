@@ -70,17 +70,4 @@ type Stats struct {
 type counters struct {
 	received, receiveErrors, panics atomic.Uint64
 	outcomes                        [len(outcomeNames)]atomic.Uint64
-	// settleErrors counts the settles that failed other than on an
-	// invalid receipt (the receive loop pauses on them; see settlePause).
-	settleErrors atomic.Uint64
-}
-
-// settledOK is how many messages were settled so far: acked, moved for a
-// retry, dead-lettered or discarded.
-func (c *counters) settledOK() uint64 {
-	var n uint64
-	for _, o := range []Outcome{Acked, Retried, DeadLettered, Discarded} {
-		n += c.outcomes[o].Load()
-	}
-	return n
 }

@@ -235,8 +235,8 @@ func TestFailedSettleKeepsKeyOrderMemory(t *testing.T) {
 
 // TestFailingSettlesSlowTheIntake: a message whose dead letter cannot be
 // written (the dead-letter queue refuses every publish) is released, and the
-// log redelivers it at once, to fail again. The engine pauses its intake
-// while settles fail (10ms, doubling): before, the loop ran as fast as the
+// log redelivers it at once, to fail again. The engine holds each
+// redelivery in place (10ms, doubling): before, the loop ran as fast as the
 // broker redelivered, an error logged each time.
 func TestFailingSettlesSlowTheIntake(t *testing.T) {
 	t.Parallel()
@@ -277,4 +277,84 @@ func logWithDLQ(t *testing.T) (*memory.Broker, string) {
 		t.Fatal(err)
 	}
 	return br, topic
+}
+
+// A message whose dead letter always fails, among healthy messages of other
+// keys that settle fine: its redeliveries wait, 10ms doubling up to 5s, so
+// it runs a few times, not as fast as the log redelivers it, and the
+// healthy messages, received meanwhile, are not held back by its waits.
+// Stop releases it from its wait.
+func TestFailingSettleDelaysOnlyItsMessage(t *testing.T) {
+	t.Parallel()
+	br, topic := logWithDLQ(t) // one partition: the poison's and the healthy ones'
+	// Only the poison fails, so only its dead letter is attempted.
+	memorytest.Inject(t, br, topic+memory.DeadLetterSuffix, memory.Fault{Kind: memory.FaultFailPublish})
+	memorytest.Publish(t, br, topic, memorytest.Msg("poison", "p", "x"))
+	src, err := br.JoinGroup(topic, "g")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	var (
+		poisonRuns atomic.Int64
+		attempts   []int    // the poison's, under mu
+		published  sync.Map // healthy ID -> time.Time
+		mu         sync.Mutex
+		worst      time.Duration // the longest a healthy message waited to run
+		handled    = map[string]bool{}
+	)
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		if m.ID == "poison" {
+			poisonRuns.Add(1)
+			mu.Lock()
+			attempts = append(attempts, m.Attempt)
+			mu.Unlock()
+			return ackwise.Permanent(errors.New("invalid order"))
+		}
+		at, _ := published.Load(m.ID)
+		mu.Lock()
+		worst = max(worst, time.Since(at.(time.Time)))
+		handled[m.ID] = true
+		mu.Unlock()
+		return nil
+	}), consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	// A steady stream for a second (a rate over a window: no event to
+	// await): settles keep succeeding beside the failing one.
+	const healthy = 50
+	for i := range healthy {
+		id := "h" + strconv.Itoa(i)
+		published.Store(id, time.Now())
+		memorytest.Publish(t, br, topic, memorytest.Msg(id, "k"+strconv.Itoa(i%10), "x"))
+		time.Sleep(20 * time.Millisecond)
+	}
+	memorytest.WaitForAckCount(t, br, topic, healthy)
+	// Over a second, waits of 10, 20, 40... 320, 640ms leave room for a
+	// handful of runs; without them there are hundreds.
+	if n := poisonRuns.Load(); n < 2 || n > 15 {
+		t.Errorf("%d runs of a message whose dead letter always fails, within a second of healthy traffic: want a few, paced", n)
+	}
+	mu.Lock()
+	if len(handled) != healthy || worst > 300*time.Millisecond {
+		t.Errorf("%d of %d healthy messages handled, the slowest %v after its publish: want all, promptly", len(handled), healthy, worst)
+	}
+	// A held redelivery runs at the attempt the broker gave it: the wait is
+	// not a retry.
+	for i, a := range attempts {
+		if a != i+1 {
+			t.Errorf("the poison's runs were at attempts %v: want 1, 2, 3...", attempts)
+			break
+		}
+	}
+	mu.Unlock()
+	start := time.Now()
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Run took %v to stop with the failing message waiting: its wait was not released", d)
+	}
 }
