@@ -306,6 +306,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 	buf := make([]*ackwise.Message, c.cfg.ReceiveBatch)
 	var errBackoff time.Duration
+	var pause settlePause
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -313,6 +314,14 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		free := c.awaitSpace(ctx)
 		if free == 0 {
 			return nil
+		}
+		if f := c.stats.anonSettleErrors.Load(); f != pause.seen { // one load while settles succeed
+			if d := pause.next(f, c.stats.settledCount()); d > 0 {
+				c.log.Warn("settles of messages without a broker ID failing; pausing before receiving more", slog.Duration("pause", d))
+				if !c.sleep(ctx, d) {
+					return nil
+				}
+			}
 		}
 		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
 		if n > 0 {
@@ -340,6 +349,34 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 			}
 		}
 	}
+}
+
+// settlePause slows the intake while the settles of messages without a
+// broker ID fail and nothing else goes through. Such a message cannot be
+// recognised when it comes back (holdRedelivery), and the broker
+// redelivers it at once, to fail again: alone, that loop would run as fast
+// as the broker redelivers. A Receive after new failures with nothing
+// settled since the last ones waits twice as long as the last time (10ms up
+// to 5s). While other messages are settled, nothing waits.
+type settlePause struct {
+	seen    uint64        // failures counted so far
+	settled uint64        // messages settled so far, at the last failures
+	wait    time.Duration // the last pause
+}
+
+// next returns how long to wait before the next Receive, failures being the
+// count of failed settles so far and settled that of successful ones.
+func (p *settlePause) next(failures, settled uint64) time.Duration {
+	if failures == p.seen {
+		return 0
+	}
+	if settled != p.settled {
+		p.wait = 0
+	} else {
+		p.wait = min(max(2*p.wait, 10*time.Millisecond), 5*time.Second)
+	}
+	p.seen, p.settled = failures, settled
+	return p.wait
 }
 
 // sleep waits d on the engine's clock; false if ctx ended first.
@@ -532,9 +569,11 @@ func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration
 // rewind each time). Its redeliveries wait 10ms, doubling with each failure
 // in a row up to 5s (holdRedelivery). Only this message waits: the others go
 // on at their pace. A message without a broker ID cannot be recognised when
-// it comes back, and is not remembered.
+// it comes back, and is not remembered: the intake pauses instead while
+// nothing else is settled (settlePause).
 func (c *Consumer) settleFailed(msg *ackwise.Message) {
 	if msg.BrokerID == "" {
+		c.stats.anonSettleErrors.Add(1)
 		return
 	}
 	id := msgID{msg.Source, msg.BrokerID}

@@ -41,7 +41,10 @@
 // remembers it by Source and BrokerID and holds each redelivery in place
 // (in flight, its lane held, its lease extended, at the same attempt),
 // 10ms doubling per failure in a row up to 5s, so that the redeliveries do
-// not spin. The other messages are not held back.
+// not spin. The other messages are not held back. A message without a
+// broker ID cannot be recognised when it comes back: while the settles of
+// such messages fail and nothing else is settled, the engine pauses before
+// each Receive instead, 10ms doubling up to 5s.
 //
 // The handler pipeline has a fixed order owned by the engine: recover →
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →

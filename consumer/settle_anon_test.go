@@ -1,0 +1,62 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/memory"
+	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// refusingDLQ refuses every dead letter and, on Release, redelivers the
+// message at once, as a new delivery without a broker ID (a RabbitMQ
+// message published without a message-id).
+type refusingDLQ struct{ *fakeSource }
+
+func (s refusingDLQ) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope) error {
+	return errors.New("dead-letter queue: publish refused")
+}
+
+func (s refusingDLQ) Release(ctx context.Context, m *ackwise.Message) error {
+	err := s.fakeSource.Release(ctx, m)
+	s.push(&ackwise.Message{ID: m.ID, Key: m.Key, Source: m.Source, Partition: -1, Offset: -1, Attempt: m.Attempt + 1})
+	return err
+}
+
+// A message without a broker ID cannot be recognised when it comes back, so
+// its redeliveries are not held; still, a message whose dead letter always
+// fails must not loop as fast as the broker redelivers it while nothing else
+// is settled: the intake pauses on the engine's clock (here a virtual clock
+// that does not move), so the redeliveries are not received.
+func TestFailingSettleWithoutBrokerIDDoesNotSpin(t *testing.T) {
+	t.Parallel()
+	clock := memory.NewVirtualClock(time.Unix(0, 0))
+	src := refusingDLQ{newFakeSource(adapters.Capabilities{}, &ackwise.Message{ID: "poison", Source: "q", Partition: -1, Offset: -1})}
+	var runs atomic.Int64
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		runs.Add(1)
+		return ackwise.Permanent(errors.New("invalid order"))
+	}), consumer.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := clock.WaitForTimers(ctx, 1); err != nil {
+		t.Errorf("no pause after a failed dead letter: the message ran %d times as fast as it was redelivered", runs.Load())
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	// Its first run, and a redelivery received before the pause began.
+	if n := runs.Load(); n > 2 {
+		t.Errorf("the message ran %d times with the clock stopped: want 2 at most, then a pause", n)
+	}
+}
