@@ -3,6 +3,8 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,8 +17,8 @@ import (
 )
 
 // refusingDLQ refuses every dead letter and, on Release, redelivers the
-// message at once, as a new delivery without a broker ID (a RabbitMQ
-// message published without a message-id).
+// message at once, at its next attempt, as a new delivery with the same
+// broker ID (none: a RabbitMQ message published without a message-id).
 type refusingDLQ struct{ *fakeSource }
 
 func (s refusingDLQ) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope) error {
@@ -25,7 +27,7 @@ func (s refusingDLQ) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope)
 
 func (s refusingDLQ) Release(ctx context.Context, m *ackwise.Message) error {
 	err := s.fakeSource.Release(ctx, m)
-	s.push(&ackwise.Message{ID: m.ID, Key: m.Key, Source: m.Source, Partition: -1, Offset: -1, Attempt: m.Attempt + 1})
+	s.push(&ackwise.Message{ID: m.ID, Key: m.Key, Source: m.Source, BrokerID: m.BrokerID, Partition: -1, Offset: -1, Attempt: m.Attempt + 1})
 	return err
 }
 
@@ -58,5 +60,45 @@ func TestFailingSettleWithoutBrokerIDDoesNotSpin(t *testing.T) {
 	// Its first run, and a redelivery received before the pause began.
 	if n := runs.Load(); n > 2 {
 		t.Errorf("the message ran %d times with the clock stopped: want 2 at most, then a pause", n)
+	}
+}
+
+// The redelivery of a message whose settle failed waits in place (10ms, then
+// 20ms, on the engine's clock) and then runs at the attempt the broker gave
+// it: the wait is not a retry, and does not count one.
+func TestHeldRedeliveryKeepsItsAttempt(t *testing.T) {
+	t.Parallel()
+	clock := memory.NewVirtualClock(time.Unix(0, 0))
+	src := refusingDLQ{newFakeSource(adapters.Capabilities{}, &ackwise.Message{ID: "poison", BrokerID: "q/1", Source: "q", Partition: -1, Offset: -1, Attempt: 1})}
+	var mu sync.Mutex
+	var attempts []int
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		mu.Lock()
+		attempts = append(attempts, m.Attempt)
+		mu.Unlock()
+		return ackwise.Permanent(errors.New("invalid order"))
+	}), consumer.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, wait := range []time.Duration{10 * time.Millisecond, 20 * time.Millisecond} {
+		if err := clock.WaitForTimers(ctx, 1); err != nil {
+			t.Fatalf("the redelivery was not held: %v", err)
+		}
+		clock.Advance(wait)
+	}
+	if err := clock.WaitForTimers(ctx, 1); err != nil { // the third delivery, held
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(attempts, []int{1, 2, 3}) {
+		t.Fatalf("the message ran at attempts %v: want 1, 2, 3 (one per delivery)", attempts)
 	}
 }

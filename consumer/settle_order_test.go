@@ -341,13 +341,12 @@ func TestFailingSettleDelaysOnlyItsMessage(t *testing.T) {
 	if len(handled) != healthy || worst > time.Second {
 		t.Errorf("%d of %d healthy messages handled, the slowest %v after its publish: want all, promptly", len(handled), healthy, worst)
 	}
-	// A held redelivery runs at the attempt the broker gave it: the wait is
-	// not a retry.
-	for i, a := range attempts {
-		if a != i+1 {
-			t.Errorf("the poison's runs were at attempts %v: want 1, 2, 3...", attempts)
-			break
-		}
+	// Each run at a later attempt than the one before. Attempts may skip:
+	// the log counts every delivery, also one the engine released unrun
+	// (seen in 5 of 15 runs under -race); TestHeldRedeliveryKeepsItsAttempt
+	// checks that a hold itself counts none.
+	if !slices.IsSorted(attempts) || len(slices.Compact(slices.Clone(attempts))) != len(attempts) {
+		t.Errorf("the poison's runs were at attempts %v: want each later than the one before", attempts)
 	}
 	mu.Unlock()
 	start := time.Now()
