@@ -83,6 +83,7 @@ type Consumer struct {
 	// lock and a lookup.
 	failedSettles  map[msgID]failedSettle
 	nFailedSettles atomic.Int32
+	failedSwept    time.Time // when failedSettles was last swept (sweepFailedLocked)
 }
 
 // msgID identifies a message across its redeliveries: its source and
@@ -613,12 +614,10 @@ func (c *Consumer) settledOK(msg *ackwise.Message) {
 // and runs when the delay is over, at the same attempt. ok is false when
 // the message may run now.
 func (c *Consumer) holdRedelivery(t task) (res result, ok bool) {
-	if t.msg.BrokerID == "" {
-		return 0, false
-	}
 	now := c.clock.Now()
 	c.mu.Lock()
-	f, found := c.failedSettles[msgID{t.msg.Source, t.msg.BrokerID}]
+	c.sweepFailedLocked(now)
+	f, found := c.failedSettles[msgID{t.msg.Source, t.msg.BrokerID}] // none without a broker ID
 	c.mu.Unlock()
 	if !found || !now.Before(f.notBefore) {
 		return 0, false
@@ -628,6 +627,29 @@ func (c *Consumer) holdRedelivery(t task) (res result, ok bool) {
 		return returned, true
 	}
 	return held, true
+}
+
+// failedSettleTTL is how long past its wait an entry of failedSettles is
+// kept. A message that still fails renews its entry within 5s of its last
+// run; one settled by another consumer (after a rebalance, or a competing
+// consumer of a queue) never comes back here to be forgotten, and while
+// entries are kept every message takes c.mu to look itself up.
+const failedSettleTTL = time.Minute
+
+// sweepFailedLocked drops, at most once per failedSettleTTL, the entries of
+// failedSettles whose wait ended more than failedSettleTTL ago. Called with
+// c.mu held.
+func (c *Consumer) sweepFailedLocked(now time.Time) {
+	if now.Sub(c.failedSwept) < failedSettleTTL {
+		return
+	}
+	c.failedSwept = now
+	for id, f := range c.failedSettles {
+		if now.Sub(f.notBefore) > failedSettleTTL {
+			delete(c.failedSettles, id)
+		}
+	}
+	c.nFailedSettles.Store(int32(len(c.failedSettles)))
 }
 
 func (c *Consumer) observe(msg *ackwise.Message, o Outcome, elapsed time.Duration) {

@@ -27,3 +27,11 @@ func Drained(c *Consumer) <-chan struct{} {
 	defer c.mu.Unlock()
 	return c.drained
 }
+
+// FailedSettles is how many messages c remembers as having failed to settle
+// (their redeliveries wait).
+func FailedSettles(c *Consumer) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.failedSettles)
+}

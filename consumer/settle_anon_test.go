@@ -102,3 +102,45 @@ func TestHeldRedeliveryKeepsItsAttempt(t *testing.T) {
 		t.Fatalf("the message ran at attempts %v: want 1, 2, 3 (one per delivery)", attempts)
 	}
 }
+
+// refusingDLQOnce refuses every dead letter; the broker does not redeliver
+// (another consumer settled the message, say).
+type refusingDLQOnce struct{ *fakeSource }
+
+func (s refusingDLQOnce) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope) error {
+	return errors.New("dead-letter queue: publish refused")
+}
+
+// A message whose settle failed is remembered so that its redeliveries
+// wait; if none comes (another consumer settled it), it is forgotten a
+// minute after its wait, or every message would go on taking the engine's
+// lock to look itself up.
+func TestFailedSettleForgottenWhenItNeverComesBack(t *testing.T) {
+	t.Parallel()
+	clock := memory.NewVirtualClock(time.Unix(0, 0))
+	src := refusingDLQOnce{newFakeSource(adapters.Capabilities{}, &ackwise.Message{ID: "a", BrokerID: "q/a", Source: "q", Partition: -1, Offset: -1})}
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		if m.ID == "a" {
+			return ackwise.Permanent(errors.New("invalid order"))
+		}
+		return nil
+	}), consumer.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, c)
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed == 1 && s.InFlight == 0 }) {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	if n := consumer.FailedSettles(c); n != 1 {
+		t.Fatalf("%d messages remembered after a failed dead letter, want 1", n)
+	}
+	clock.Advance(2 * time.Minute)
+	src.push(&ackwise.Message{ID: "b", BrokerID: "q/b", Source: "q", Partition: -1, Offset: -1})
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Acked == 1 && s.InFlight == 0 }) {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	if n := consumer.FailedSettles(c); n != 0 {
+		t.Fatalf("%d messages still remembered two minutes after their wait, want 0", n)
+	}
+}
