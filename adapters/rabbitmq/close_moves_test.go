@@ -20,16 +20,28 @@ type gateProxy struct {
 	l    net.Listener
 }
 
+// proxyListener listens for a test proxy in front of the test broker, and
+// returns the listener (closed when the test ends), the broker's address
+// and the URL that dials the proxy instead.
+func proxyListener(t *testing.T) (l net.Listener, broker, proxyURL string) {
+	t.Helper()
+	u, err := url.Parse(testURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	broker = u.Host
+	u.Host = l.Addr().String()
+	return l, broker, u.String()
+}
+
 func newGateProxy(t *testing.T) (*gateProxy, string) {
 	t.Helper()
-	broker, err := url.Parse(testURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, broker, proxyURL := proxyListener(t)
 	g := &gateProxy{open: make(chan struct{}), l: l}
 	close(g.open)
 	var mu sync.Mutex
@@ -40,7 +52,7 @@ func newGateProxy(t *testing.T) (*gateProxy, string) {
 			if err != nil {
 				return
 			}
-			b, err := net.Dial("tcp", broker.Host)
+			b, err := net.Dial("tcp", broker)
 			if err != nil {
 				c.Close()
 				continue
@@ -71,7 +83,6 @@ func newGateProxy(t *testing.T) (*gateProxy, string) {
 		}
 	}()
 	t.Cleanup(func() {
-		l.Close()
 		g.release()
 		mu.Lock()
 		defer mu.Unlock()
@@ -79,9 +90,7 @@ func newGateProxy(t *testing.T) (*gateProxy, string) {
 			c.Close()
 		}
 	})
-	u := *broker
-	u.Host = l.Addr().String()
-	return g, u.String()
+	return g, proxyURL
 }
 
 // hold stops what the broker sends from reaching the clients.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"net"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -29,14 +28,7 @@ type stallProxy struct {
 
 func newStallProxy(t *testing.T) (*stallProxy, string) {
 	t.Helper()
-	broker, err := url.Parse(testURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, broker, proxyURL := proxyListener(t)
 	p := &stallProxy{cuts: make(chan struct{}, 64)}
 	go func() {
 		for {
@@ -52,7 +44,7 @@ func newStallProxy(t *testing.T) (*stallProxy, string) {
 				go p.stallAfterStartOk(c)
 				continue
 			}
-			b, err := net.Dial("tcp", broker.Host)
+			b, err := net.Dial("tcp", broker)
 			if err != nil {
 				c.Close()
 				continue
@@ -64,16 +56,8 @@ func newStallProxy(t *testing.T) (*stallProxy, string) {
 			go func() { _, _ = io.Copy(c, b); c.Close() }()
 		}
 	}()
-	t.Cleanup(func() {
-		l.Close()
-		p.closeAll()
-	})
-	u, err := url.Parse(testURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Host = l.Addr().String()
-	return p, u.String()
+	t.Cleanup(p.closeAll)
+	return p, proxyURL
 }
 
 // setCut switches between forwarding and cutting new connections.

@@ -14,6 +14,20 @@ import (
 
 // redriveTarget declares a plain queue for redriven messages, deleted when
 // the test ends.
+// redriveSetup declares a queue with a wait tier of 50ms, opens a source on
+// it, and declares a target queue to redrive to (deleted when the test
+// ends); it returns the test connection, the config, the source and the
+// target's name.
+func redriveSetup(t *testing.T) (*amqp.Connection, Config, *Source, string) {
+	t.Helper()
+	c := needBroker(t)
+	cfg := testConfig(t, Classic, 50*time.Millisecond)
+	declare(t, cfg)
+	target := cfg.Queue + ".target"
+	redriveTarget(t, c, target)
+	return c, cfg, newSource(t, cfg), target
+}
+
 func redriveTarget(t *testing.T, c *amqp.Connection, name string) {
 	t.Helper()
 	if err := withChannel(c, func(ch *amqp.Channel) error {
@@ -51,12 +65,7 @@ func redriveAll(t *testing.T, cfg Config, target string, want int) {
 // boolean header came back as a string.
 func TestRedriveKeepsPropertiesAndHeaderTypes(t *testing.T) {
 	t.Parallel()
-	c := needBroker(t)
-	cfg := testConfig(t, Classic, 50*time.Millisecond)
-	declare(t, cfg)
-	target := cfg.Queue + ".target"
-	redriveTarget(t, c, target)
-	src := newSource(t, cfg)
+	c, cfg, src, target := redriveSetup(t)
 
 	sent := time.Now().Add(-time.Hour).Truncate(time.Second)
 	userHeaders := amqp.Table{
@@ -140,12 +149,7 @@ func TestRedriveKeepsPropertiesAndHeaderTypes(t *testing.T) {
 // event ID: a new one at every redrive of the same dead letter.
 func TestRedriveKeepsMissingEventID(t *testing.T) {
 	t.Parallel()
-	c := needBroker(t)
-	cfg := testConfig(t, Classic, 50*time.Millisecond)
-	declare(t, cfg)
-	target := cfg.Queue + ".target"
-	redriveTarget(t, c, target)
-	src := newSource(t, cfg)
+	c, cfg, src, target := redriveSetup(t)
 	rawPublish(t, c, cfg.Queue, amqp.Publishing{Body: []byte("no id")})
 	m := receive(t, src)
 	if m.ID != "" {
