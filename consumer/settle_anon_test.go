@@ -16,10 +16,15 @@ import (
 	"github.com/ackwise/ackwise/dlq"
 )
 
-// refusingDLQ refuses every dead letter and, on Release, redelivers the
-// message at once, at its next attempt, as a new delivery with the same
-// broker ID (none: a RabbitMQ message published without a message-id).
-type refusingDLQ struct{ *fakeSource }
+// refusingDLQ refuses every dead letter. With redeliver, Release hands the
+// message back at once, at its next attempt, as a new delivery with the
+// same broker ID (none: a RabbitMQ message published without a
+// message-id); without, the broker never delivers it again (another
+// consumer settled it, say).
+type refusingDLQ struct {
+	*fakeSource
+	redeliver bool
+}
 
 func (s refusingDLQ) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope) error {
 	return errors.New("dead-letter queue: publish refused")
@@ -27,8 +32,36 @@ func (s refusingDLQ) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope)
 
 func (s refusingDLQ) Release(ctx context.Context, m *ackwise.Message) error {
 	err := s.fakeSource.Release(ctx, m)
-	s.push(&ackwise.Message{ID: m.ID, Key: m.Key, Source: m.Source, BrokerID: m.BrokerID, Partition: -1, Offset: -1, Attempt: m.Attempt + 1})
+	if s.redeliver {
+		s.push(&ackwise.Message{ID: m.ID, Key: m.Key, Source: m.Source, BrokerID: m.BrokerID, Partition: -1, Offset: -1, Attempt: m.Attempt + 1})
+	}
 	return err
+}
+
+// refusingPoison is a refusingDLQ holding the message "poison" of broker ID
+// brokerID.
+func refusingPoison(brokerID string, redeliver bool) refusingDLQ {
+	return refusingDLQ{newFakeSource(adapters.Capabilities{}, &ackwise.Message{ID: "poison", BrokerID: brokerID, Source: "q", Partition: -1, Offset: -1, Attempt: 1}), redeliver}
+}
+
+// poisonOnClock runs a consumer of src on a virtual clock that moves only
+// when the test advances it. Its handler passes each message to seen, fails
+// the message "poison" as permanent (its dead letter is attempted) and
+// acks the others. It returns the consumer, the clock and Run's stop.
+func poisonOnClock(t *testing.T, src adapters.Source, seen func(*ackwise.Message)) (*consumer.Consumer, *memory.VirtualClock, func() error) {
+	t.Helper()
+	clock := memory.NewVirtualClock(time.Unix(0, 0))
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		seen(m)
+		if m.ID == "poison" {
+			return ackwise.Permanent(errors.New("invalid order"))
+		}
+		return nil
+	}), consumer.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, clock, run(t, c)
 }
 
 // A message without a broker ID cannot be recognised when it comes back, so
@@ -38,17 +71,8 @@ func (s refusingDLQ) Release(ctx context.Context, m *ackwise.Message) error {
 // that does not move), so the redeliveries are not received.
 func TestFailingSettleWithoutBrokerIDDoesNotSpin(t *testing.T) {
 	t.Parallel()
-	clock := memory.NewVirtualClock(time.Unix(0, 0))
-	src := refusingDLQ{newFakeSource(adapters.Capabilities{}, &ackwise.Message{ID: "poison", Source: "q", Partition: -1, Offset: -1})}
 	var runs atomic.Int64
-	c, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		runs.Add(1)
-		return ackwise.Permanent(errors.New("invalid order"))
-	}), consumer.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := run(t, c)
+	_, clock, stop := poisonOnClock(t, refusingPoison("", true), func(*ackwise.Message) { runs.Add(1) })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := clock.WaitForTimers(ctx, 1); err != nil {
@@ -68,20 +92,13 @@ func TestFailingSettleWithoutBrokerIDDoesNotSpin(t *testing.T) {
 // it: the wait is not a retry, and does not count one.
 func TestHeldRedeliveryKeepsItsAttempt(t *testing.T) {
 	t.Parallel()
-	clock := memory.NewVirtualClock(time.Unix(0, 0))
-	src := refusingDLQ{newFakeSource(adapters.Capabilities{}, &ackwise.Message{ID: "poison", BrokerID: "q/1", Source: "q", Partition: -1, Offset: -1, Attempt: 1})}
 	var mu sync.Mutex
 	var attempts []int
-	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+	_, clock, stop := poisonOnClock(t, refusingPoison("q/1", true), func(m *ackwise.Message) {
 		mu.Lock()
 		attempts = append(attempts, m.Attempt)
 		mu.Unlock()
-		return ackwise.Permanent(errors.New("invalid order"))
-	}), consumer.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := run(t, c)
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for _, wait := range []time.Duration{10 * time.Millisecond, 20 * time.Millisecond} {
@@ -103,32 +120,14 @@ func TestHeldRedeliveryKeepsItsAttempt(t *testing.T) {
 	}
 }
 
-// refusingDLQOnce refuses every dead letter; the broker does not redeliver
-// (another consumer settled the message, say).
-type refusingDLQOnce struct{ *fakeSource }
-
-func (s refusingDLQOnce) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope) error {
-	return errors.New("dead-letter queue: publish refused")
-}
-
 // A message whose settle failed is remembered so that its redeliveries
 // wait; if none comes (another consumer settled it), it is forgotten a
 // minute after its wait, or every message would go on taking the engine's
 // lock to look itself up.
 func TestFailedSettleForgottenWhenItNeverComesBack(t *testing.T) {
 	t.Parallel()
-	clock := memory.NewVirtualClock(time.Unix(0, 0))
-	src := refusingDLQOnce{newFakeSource(adapters.Capabilities{}, &ackwise.Message{ID: "a", BrokerID: "q/a", Source: "q", Partition: -1, Offset: -1})}
-	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
-		if m.ID == "a" {
-			return ackwise.Permanent(errors.New("invalid order"))
-		}
-		return nil
-	}), consumer.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, c)
+	src := refusingPoison("q/a", false)
+	c, clock, _ := poisonOnClock(t, src, func(*ackwise.Message) {})
 	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed == 1 && s.InFlight == 0 }) {
 		t.Fatalf("stats %+v", c.Stats())
 	}
