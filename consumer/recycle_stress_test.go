@@ -16,6 +16,35 @@ import (
 	"github.com/ackwise/ackwise/retry"
 )
 
+// stressHandler fails some calls, transient or permanent, and slows some
+// down (a slow handler: the pace changes), in a fixed pattern; with panics,
+// every 101st call panics.
+func stressHandler(panics bool) ackwise.Handler {
+	var calls atomic.Int64
+	return ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		c := calls.Add(1)
+		switch c % 17 {
+		case 3:
+			return errors.New("transient")
+		case 5:
+			return ackwise.Permanent(errors.New("bad"))
+		case 7:
+			time.Sleep(30 * time.Microsecond)
+		}
+		if panics && c%101 == 0 {
+			panic("boom")
+		}
+		return nil
+	})
+}
+
+// newReuseSource is a reuseSource of caps handing out total messages.
+func newReuseSource(t *testing.T, caps adapters.Capabilities, total int) *reuseSource {
+	s := &reuseSource{t: t, caps: caps, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: total}
+	s.cond = sync.NewCond(&s.mu)
+	return s
+}
+
 // reuseSource hands out messages from a free list of recycled ones, and
 // poisons a message on recycle.
 type reuseSource struct {
@@ -149,28 +178,12 @@ func TestRecycleStressSettleOnce(t *testing.T) {
 			for _, batchAck := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/%v/batchAck=%t", pace, mode, batchAck), func(t *testing.T) {
 					const n = 3000
-					src := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true, Lease: 30 * time.Millisecond, ExtendLease: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
-					src.cond = sync.NewCond(&src.mu)
+					src := newReuseSource(t, adapters.Capabilities{Delay: true, Lease: 30 * time.Millisecond, ExtendLease: true}, n)
 					var source adapters.Source = src
 					if batchAck {
 						source = batchReuseSource{src}
 					}
-					var calls atomic.Int64
-					h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
-						c := calls.Add(1)
-						switch c % 17 {
-						case 3:
-							return errors.New("transient")
-						case 5:
-							return ackwise.Permanent(errors.New("bad"))
-						case 7:
-							time.Sleep(30 * time.Microsecond)
-						}
-						if c%101 == 0 {
-							panic("boom")
-						}
-						return nil
-					})
+					h := stressHandler(true)
 					c := newPaced(t, source, h, consumer.Config{Concurrency: 3, MaxInFlight: 40, ReceiveBatch: 16, RetryMode: mode, Observer: obs{src}, Retry: retry.Policy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond}}, pace)
 					stop := run(t, c)
 					deadline := time.Now().Add(20 * time.Second)
@@ -201,8 +214,7 @@ func TestRecycleStressBreakerDrain(t *testing.T) {
 		for _, stuck := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/stuck-%v", pace, stuck), func(t *testing.T) {
 				const n = 2000
-				src := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
-				src.cond = sync.NewCond(&src.mu)
+				src := newReuseSource(t, adapters.Capabilities{Delay: true}, n)
 				var calls atomic.Int64
 				var down atomic.Bool
 				block := make(chan struct{})
@@ -354,26 +366,13 @@ func failedSettleStress(t *testing.T, pace string, mode consumer.RetryMode, ord 
 	if early {
 		stopAt = n / 3
 	}
-	rs := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true, Lease: 3 * time.Millisecond, ExtendLease: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
-	rs.cond = sync.NewCond(&rs.mu)
+	rs := newReuseSource(t, adapters.Capabilities{Delay: true, Lease: 3 * time.Millisecond, ExtendLease: true}, n)
 	fs := &flakySettle{reuseSource: rs}
 	var source adapters.Source = fs
 	if batchAck {
 		source = flakyBatch{fs}
 	}
-	var calls atomic.Int64
-	h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
-		c := calls.Add(1)
-		switch c % 17 {
-		case 3:
-			return errors.New("transient")
-		case 5:
-			return ackwise.Permanent(errors.New("bad"))
-		case 7:
-			time.Sleep(30 * time.Microsecond) // a slow handler: the pace changes
-		}
-		return nil
-	})
+	h := stressHandler(false)
 	c := newPaced(t, source, h, consumer.Config{Ordering: ord, Concurrency: 3, MaxInFlight: 40, ReceiveBatch: 16, RetryMode: mode, Observer: obs{rs},
 		Breaker: &consumer.Breaker{Threshold: 5, ProbeInterval: time.Millisecond, MaxProbeInterval: 2 * time.Millisecond},
 		Retry:   retry.Policy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: 2 * time.Millisecond}}, pace)

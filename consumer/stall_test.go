@@ -24,8 +24,7 @@ func TestStallWatchTakesRanStress(t *testing.T) {
 	for _, pace := range paces {
 		t.Run(pace, func(t *testing.T) {
 			const n = 1500
-			src := &reuseSource{t: t, caps: adapters.Capabilities{Delay: true, Lease: 9 * time.Millisecond, ExtendLease: true}, live: map[*ackwise.Message]bool{}, settled: map[*ackwise.Message]bool{}, total: n}
-			src.cond = sync.NewCond(&src.mu)
+			src := newReuseSource(t, adapters.Capabilities{Delay: true, Lease: 9 * time.Millisecond, ExtendLease: true}, n)
 			var calls atomic.Int64
 			var mu sync.Mutex
 			running := map[string]bool{}
