@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"runtime/debug"
 	"sync"
@@ -83,12 +84,37 @@ type Consumer struct {
 	// lock and a lookup.
 	failedSettles  map[msgID]failedSettle
 	nFailedSettles atomic.Int32
-	failedSwept    time.Time // when failedSettles was last swept (sweepFailedLocked)
+	failedSwept    time.Time    // when failedSettles was last swept (sweepFailedLocked)
+	seed           maphash.Seed // for the identity of messages without a broker ID (idOf)
 }
 
 // msgID identifies a message across its redeliveries: its source and
-// broker ID ("topic/partition@offset" on Kafka, the AMQP message-id).
-type msgID struct{ source, brokerID string }
+// broker ID ("topic/partition@offset" on Kafka, the AMQP message-id). A
+// message without a broker ID (an AMQP message published without a
+// message-id) is known by its content instead: sum hashes its key, event ID
+// and payload, which every redelivery repeats (headers are left out: a
+// broker may add per-delivery ones, such as RabbitMQ's x-delivery-count).
+// Two such messages with the same content count as one: one may wait out
+// the other's hold (5s at most), no more.
+type msgID struct {
+	source, brokerID string
+	sum              uint64
+}
+
+// idOf returns msg's identity across its redeliveries.
+func (c *Consumer) idOf(msg *ackwise.Message) msgID {
+	if msg.BrokerID != "" {
+		return msgID{source: msg.Source, brokerID: msg.BrokerID}
+	}
+	var h maphash.Hash
+	h.SetSeed(c.seed)
+	h.WriteString(msg.Key)
+	h.WriteByte(0)
+	h.WriteString(msg.ID)
+	h.WriteByte(0)
+	h.Write(msg.Payload)
+	return msgID{source: msg.Source, sum: h.Sum64()}
+}
 
 // failedSettle is a message whose settle failed: failures times in a row,
 // its next run not before notBefore.
@@ -136,6 +162,7 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		clock:    cfg.Clock,
 		log:      cfg.Logger.With(slog.String("consumer", cfg.Name)),
 		space:    make(chan struct{}, 1),
+		seed:     maphash.MakeSeed(),
 	}
 	switch cfg.Ordering {
 	case OrderKey:
@@ -307,7 +334,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 	buf := make([]*ackwise.Message, c.cfg.ReceiveBatch)
 	var errBackoff time.Duration
-	var pause settlePause
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -315,14 +341,6 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		free := c.awaitSpace(ctx)
 		if free == 0 {
 			return nil
-		}
-		if f := c.stats.anonSettleErrors.Load(); f != pause.seen { // one load while settles succeed
-			if d := pause.next(f, c.stats.settledCount()); d > 0 {
-				c.log.Warn("settles of messages without a broker ID failing; pausing before receiving more", slog.Duration("pause", d))
-				if !c.sleep(ctx, d) {
-					return nil
-				}
-			}
 		}
 		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
 		if n > 0 {
@@ -350,34 +368,6 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 			}
 		}
 	}
-}
-
-// settlePause slows the intake while the settles of messages without a
-// broker ID fail and nothing else goes through. Such a message cannot be
-// recognised when it comes back (holdRedelivery), and the broker
-// redelivers it at once, to fail again: alone, that loop would run as fast
-// as the broker redelivers. A Receive after new failures with nothing
-// settled since the last ones waits twice as long as the last time (10ms up
-// to 5s). While other messages are settled, nothing waits.
-type settlePause struct {
-	seen    uint64        // failures counted so far
-	settled uint64        // messages settled so far, at the last failures
-	wait    time.Duration // the last pause
-}
-
-// next returns how long to wait before the next Receive, failures being the
-// count of failed settles so far and settled that of successful ones.
-func (p *settlePause) next(failures, settled uint64) time.Duration {
-	if failures == p.seen {
-		return 0
-	}
-	if settled != p.settled {
-		p.wait = 0
-	} else {
-		p.wait = min(max(2*p.wait, 10*time.Millisecond), 5*time.Second)
-	}
-	p.seen, p.settled = failures, settled
-	return p.wait
 }
 
 // sleep waits d on the engine's clock; false if ctx ended first.
@@ -569,15 +559,9 @@ func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration
 // the broker redelivers, an error logged each time (on Kafka, a partition
 // rewind each time). Its redeliveries wait 10ms, doubling with each failure
 // in a row up to 5s (holdRedelivery). Only this message waits: the others go
-// on at their pace. A message without a broker ID cannot be recognised when
-// it comes back, and is not remembered: the intake pauses instead while
-// nothing else is settled (settlePause).
+// on at their pace.
 func (c *Consumer) settleFailed(msg *ackwise.Message) {
-	if msg.BrokerID == "" {
-		c.stats.anonSettleErrors.Add(1)
-		return
-	}
-	id := msgID{msg.Source, msg.BrokerID}
+	id := c.idOf(msg)
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -599,12 +583,13 @@ func (c *Consumer) settleFailed(msg *ackwise.Message) {
 
 // settledOK forgets msg's failed settles, if any: it is settled.
 func (c *Consumer) settledOK(msg *ackwise.Message) {
-	if c.nFailedSettles.Load() == 0 || msg.BrokerID == "" {
+	if c.nFailedSettles.Load() == 0 {
 		return
 	}
+	id := c.idOf(msg)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	delete(c.failedSettles, msgID{msg.Source, msg.BrokerID})
+	delete(c.failedSettles, id)
 	c.nFailedSettles.Store(int32(len(c.failedSettles)))
 }
 
@@ -614,10 +599,10 @@ func (c *Consumer) settledOK(msg *ackwise.Message) {
 // and runs when the delay is over, at the same attempt. ok is false when
 // the message may run now.
 func (c *Consumer) holdRedelivery(t task) (res result, ok bool) {
-	now := c.clock.Now()
+	id, now := c.idOf(t.msg), c.clock.Now()
 	c.mu.Lock()
 	c.sweepFailedLocked(now)
-	f, found := c.failedSettles[msgID{t.msg.Source, t.msg.BrokerID}] // none without a broker ID
+	f, found := c.failedSettles[id]
 	c.mu.Unlock()
 	if !found || !now.Before(f.notBefore) {
 		return 0, false

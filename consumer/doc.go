@@ -42,9 +42,9 @@
 // (in flight, its lane held, its lease extended, at the same attempt),
 // 10ms doubling per failure in a row up to 5s, so that the redeliveries do
 // not spin. The other messages are not held back. A message without a
-// broker ID cannot be recognised when it comes back: while the settles of
-// such messages fail and nothing else is settled, the engine pauses before
-// each Receive instead, 10ms doubling up to 5s.
+// broker ID (an AMQP message published without a message-id) is recognised
+// by its Source, Key, ID and Payload instead; two such messages alike in
+// all four count as one.
 //
 // The handler pipeline has a fixed order owned by the engine: recover →
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →

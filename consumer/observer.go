@@ -70,18 +70,4 @@ type Stats struct {
 type counters struct {
 	received, receiveErrors, panics atomic.Uint64
 	outcomes                        [len(outcomeNames)]atomic.Uint64
-	// anonSettleErrors counts the failed settles (other than on an invalid
-	// receipt) of messages without a broker ID, which cannot be held when
-	// they come back: the receive loop pauses on them (settlePause).
-	anonSettleErrors atomic.Uint64
-}
-
-// settledCount is how many messages were settled so far: acked, moved for
-// a retry, dead-lettered or discarded.
-func (c *counters) settledCount() uint64 {
-	var n uint64
-	for _, o := range []Outcome{Acked, Retried, DeadLettered, Discarded} {
-		n += c.outcomes[o].Load()
-	}
-	return n
 }
