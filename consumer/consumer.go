@@ -508,7 +508,9 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 		// run again on another worker.
 		c.observe(msg, Retried, elapsed)
 		if !c.waitInPlace(t, delay, true) {
-			c.release(msg)
+			// Run began stopping meanwhile: hand it back, observed once,
+			// as Retried (the broker's redelivery is its retry).
+			_ = c.src.Release(context.Background(), msg)
 			return returned
 		}
 		return held

@@ -35,3 +35,6 @@ func FailedSettles(c *Consumer) int {
 	defer c.mu.Unlock()
 	return len(c.failedSettles)
 }
+
+// Stopping reports whether c's Run has begun its drain.
+func Stopping(c *Consumer) bool { return c.stopping.Load() }

@@ -6,6 +6,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -361,5 +362,67 @@ func TestRegressionMaxInFlightBelowDefaultConcurrency(t *testing.T) {
 	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil })
 	if _, err := consumer.New(src, h, consumer.Config{MaxInFlight: 2}); err == nil {
 		t.Fatal("MaxInFlight 2 below the default Concurrency 4 accepted")
+	}
+}
+
+// outcomeLog records every outcome observed, and runs on, if set, on each.
+type outcomeLog struct {
+	mu  sync.Mutex
+	all []consumer.Outcome
+	on  func(consumer.Outcome)
+}
+
+func (o *outcomeLog) Observe(_ *ackwise.Message, out consumer.Outcome, _ time.Duration) {
+	o.mu.Lock()
+	o.all = append(o.all, out)
+	o.mu.Unlock()
+	if o.on != nil {
+		o.on(out)
+	}
+}
+
+// A retry in place whose wait is refused because Run began stopping between
+// the retry's decision and its wait: the message goes back to the broker,
+// observed once, as Retried. Before, it was observed as Retried and then as
+// Released, and counted in both.
+func TestRetryRefusedAtStopObservedOnce(t *testing.T) {
+	t.Parallel()
+	src := newFakeSource(adapters.Capabilities{})
+	var c *consumer.Consumer
+	var stop func() error
+	stopped := make(chan error, 1)
+	obs := &outcomeLog{on: func(out consumer.Outcome) {
+		if out != consumer.Retried {
+			return
+		}
+		// Stop Run while the retry is between its decision and its wait,
+		// and let the wait begin only once the drain has.
+		go func() { stopped <- stop() }()
+		deadline := time.Now().Add(5 * time.Second)
+		for !consumer.Stopping(c) && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond) // no event marks the drain's start
+		}
+	}}
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		return errors.New("transient")
+	}), consumer.Config{Observer: obs, RetryMode: consumer.RetryInPlace})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop = run(t, c)
+	src.push(&ackwise.Message{ID: "m", Source: "q", Partition: -1, Offset: -1}) // after stop is set
+	if err := <-stopped; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	s := c.Stats()
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.all) != 1 || obs.all[0] != consumer.Retried || s.Retried != 1 || s.Released != 0 {
+		t.Errorf("outcomes observed %v, stats Retried %d Released %d: want Retried once, nothing else", obs.all, s.Retried, s.Released)
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if len(src.released) != 1 {
+		t.Errorf("the message was released %d times: want once, back to the broker", len(src.released))
 	}
 }
