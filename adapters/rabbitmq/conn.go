@@ -64,10 +64,11 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 			return rc, nil
 		},
 	}
-	if cfg.TLSClientConfig == nil {
-		if u, err := amqp.ParseURI(c.url); err == nil && u.Scheme == "amqps" {
+	if u, err := amqp.ParseURI(c.url); err == nil {
+		if cfg.TLSClientConfig == nil && u.Scheme == "amqps" {
 			cfg.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
+		cfg.SASL = failureCloseSASL(u, cfg.Properties)
 	}
 	cfg.Properties.SetClientConnectionName(c.name)
 	ac, err := amqp.DialConfig(c.url, cfg)
@@ -79,12 +80,11 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 	}
 	if err != nil && (errors.Is(err, amqp.ErrCredentials) || errors.Is(err, amqp.ErrVhost)) {
 		// amqp091-go reports any failure to read the broker's answer to
-		// start-ok or open as one of these 403s: a broker refusing a login
-		// closes the socket without a word (RabbitMQ resets it, so a
-		// closed or reset socket cannot be told from a refusal). A read
-		// that timed out is a broker too slow to answer, not a refusal:
-		// say so, or refusedForGood would fail publishes permanently for
-		// a transient fault.
+		// start-ok or open that is not a connection.close as one of these
+		// 403s: a socket closed or reset mid-handshake (a broker
+		// restarting), or a broker refusing a login without a word (one
+		// that ignores authentication_failure_close). A read that timed
+		// out is a broker too slow to answer: say so.
 		mu.Lock()
 		rc := socket
 		mu.Unlock()
@@ -135,25 +135,73 @@ func dialHint(err error) string {
 	var ae *amqp.Error
 	var ne net.Error
 	switch {
+	case errors.Is(err, amqp.ErrCredentials), errors.Is(err, amqp.ErrVhost):
+		return " (connection closed during the AMQP handshake: broker restarting, or refusing the login?)"
 	case errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed):
 		return " (wrong user, password or vhost?)"
 	case errors.As(err, &ne) && ne.Timeout():
 		return " (broker unreachable or TLS/port mismatch?)"
-	case errors.Is(err, amqp.ErrCredentials), errors.Is(err, amqp.ErrSASL):
-		return " (wrong user or password?)"
 	}
 	return ""
 }
 
+// failureCloseSASL returns the SASL mechanisms amqp091-go would take from
+// u (as its Config.setSASL does), each also advertising the client
+// capability authentication_failure_close in props: RabbitMQ then answers
+// a refused login with connection.close 403 ACCESS_REFUSED instead of
+// closing the socket, which reads the same as a connection reset
+// mid-handshake. amqp091-go writes its own capabilities table into props
+// (replacing any of ours) just before it asks the mechanism for its
+// response (connection.go, openTune), so the capability is added then;
+// TestPublisherRefusedForGoodFailsPermanently fails if that changes. nil
+// (amqp091-go's default) for a mechanism it does not know, so that it
+// reports that itself.
+func failureCloseSASL(u amqp.URI, props amqp.Table) []amqp.Authentication {
+	var out []amqp.Authentication
+	if len(u.AuthMechanism) == 0 {
+		return []amqp.Authentication{failureCloseAuth{u.PlainAuth(), props}}
+	}
+	for _, m := range u.AuthMechanism {
+		switch strings.ToUpper(m) {
+		case "PLAIN":
+			out = append(out, failureCloseAuth{u.PlainAuth(), props})
+		case "AMQPLAIN":
+			out = append(out, failureCloseAuth{u.AMQPlainAuth(), props})
+		case "EXTERNAL":
+			out = append(out, failureCloseAuth{&amqp.ExternalAuth{}, props})
+		default:
+			return nil
+		}
+	}
+	return out
+}
+
+// failureCloseAuth is a SASL mechanism that advertises
+// authentication_failure_close (see failureCloseSASL).
+type failureCloseAuth struct {
+	amqp.Authentication
+	props amqp.Table
+}
+
+func (a failureCloseAuth) Response() string {
+	if caps, ok := a.props["capabilities"].(amqp.Table); ok {
+		caps["authentication_failure_close"] = true
+	}
+	return a.Authentication.Response()
+}
+
 // refusedForGood reports whether err is the broker refusing a connection
 // in a way that trying again cannot cure until someone changes the
-// broker's users or permissions: 403 (wrong user or password, no SASL
-// mechanism in common) or 530 (no access to the vhost, or no such vhost).
-// A 530 also says that a connection limit was reached or the vhost is
-// down, which pass: the reason tells them apart.
+// broker's users or permissions: a connection.close the broker sent with
+// 403 (wrong user or password) or 530 (no access to the vhost, or no such
+// vhost), or no SASL mechanism in common with the broker's list. A 530
+// also says that a connection limit was reached or the vhost is down,
+// which pass: the reason tells them apart. amqp091-go's ErrCredentials and
+// ErrVhost are no refusal: it returns them for a socket closed without a
+// connection.close, which a broker restarting does too.
 func refusedForGood(err error) bool {
 	var ae *amqp.Error
-	if !errors.As(err, &ae) {
+	if !errors.As(err, &ae) || !(ae.Server || ae == amqp.ErrSASL) {
 		return false
 	}
 	switch ae.Code {

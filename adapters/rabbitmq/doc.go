@@ -151,7 +151,11 @@
 // reconnection for good (403: wrong user or password; 530: no access to the
 // vhost), a Publish, or a move, waiting for a channel fails at once with
 // the refusal marked ackwise.Permanent; reconnecting goes on in the
-// background.
+// background. Only a refusal the broker sends (connection.close) counts:
+// the adapter advertises the capability authentication_failure_close, so
+// RabbitMQ says when it refuses a login. A connection closed or reset
+// mid-handshake, as by a broker restarting (or one that refuses logins
+// without a word), is no refusal: Publish waits.
 //
 // # Consumer timeout
 //

@@ -113,8 +113,8 @@ func (p *stallProxy) stallAfterStartOk(c net.Conn) {
 
 // TestPublisherHandshakeTimeoutIsNotRefusal: amqp091-go reports any failure
 // to read the answer to connection.start-ok as ErrCredentials, a 403,
-// because a broker that refuses a login closes the socket without a word
-// (RabbitMQ resets it). refusedForGood took a handshake that ran out of
+// because a broker may refuse a login by closing the socket without a
+// word. refusedForGood took a handshake that ran out of
 // time (DefaultDialTimeout, 30s: this test takes that long) for a refusal,
 // so a broker too busy to answer one reconnection made Publish fail at
 // once, permanently: producer.Publisher stopped retrying, and a handler
@@ -151,8 +151,8 @@ func TestPublisherHandshakeTimeoutIsNotRefusal(t *testing.T) {
 		t.Fatalf("Publish after a reconnection attempt timed out: %v (class %v), want its ctx's deadline, transient", err, cl)
 	}
 
-	// Healed: the stalled attempt is closed (taken for a refusal, as a
-	// clean close must be) and the next one goes through.
+	// Healed: the stalled attempt is closed (no refusal either: the broker
+	// sent no connection.close) and the next one goes through.
 	proxy.setCut(false)
 	proxy.closeAll()
 	ctx = ctxT(t)

@@ -207,8 +207,7 @@ func (p *publisher) run(s *pubSession) {
 				// Refused for good, publishes fail at once rather than wait
 				// for their ctx; reconnecting goes on, for when access is
 				// given back. A refusal stands only until an attempt fails
-				// otherwise (a broker restarting resets handshakes, which
-				// reads as a refusal).
+				// otherwise.
 				var refused error
 				if refusedForGood(err) {
 					refused = err

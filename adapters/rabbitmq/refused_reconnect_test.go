@@ -89,14 +89,19 @@ func TestPublisherRefusedForGoodFailsPermanently(t *testing.T) {
 }
 
 // A 530 also reports a connection limit reached or a vhost down, which
-// pass: only the refusals of access are for good.
+// pass: only the refusals of access are for good, and only those the
+// broker sent.
 func TestRefusedForGoodCodes(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		err  error
 		want bool
 	}{
-		{amqp.ErrCredentials, true},
+		{amqp.ErrSASL, true},
+		// amqp091-go's answer to a socket closed mid-handshake, not the broker's.
+		{amqp.ErrCredentials, false},
+		{amqp.ErrVhost, false},
+		{&amqp.Error{Code: amqp.AccessRefused, Reason: "not from the broker"}, false},
 		{&amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED - Login was refused", Server: true}, true},
 		{&amqp.Error{Code: amqp.NotAllowed, Reason: "NOT_ALLOWED - access to vhost '/' refused for user 'u'", Server: true}, true},
 		{&amqp.Error{Code: amqp.NotAllowed, Reason: "NOT_ALLOWED - access to vhost '/' refused for user 'u': connection limit (10) is reached", Server: true}, false},
@@ -112,10 +117,10 @@ func TestRefusedForGoodCodes(t *testing.T) {
 }
 
 // TestPublisherRefusalClearedByTransientFailure: a refusal for good stands
-// only until a reconnection fails for another reason. A broker restarting
-// resets handshakes in flight, which reads as a refusal; once it is down,
-// the connection is refused at the socket: publishes must wait again
-// (transient), not keep failing permanently for the rest of the outage.
+// only until a reconnection fails for another reason: once the broker
+// cannot be reached (the connection is refused at the socket), publishes
+// must wait again (transient), not keep failing permanently for the rest
+// of the outage.
 func TestPublisherRefusalClearedByTransientFailure(t *testing.T) {
 	t.Parallel()
 	needBroker(t)

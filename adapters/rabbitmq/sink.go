@@ -26,7 +26,8 @@ import (
 // While the broker refuses the reconnection for good (403: wrong user or
 // password; 530: no access to the vhost), Publish fails at once with the
 // broker's refusal marked ackwise.Permanent; the sink goes on reconnecting
-// in the background, for when access is given back.
+// in the background, for when access is given back. A connection reset
+// mid-handshake (a broker restarting) is no refusal: Publish waits.
 type Sink struct {
 	exchange, key string
 	p             *publisher
