@@ -125,6 +125,15 @@
 // are then sent again each alone on a channel of its own: only the refused
 // one fails, not the other calls that shared the channel.
 //
+// Headers named CC and BCC (in capitals, as RabbitMQ matches them) are
+// RabbitMQ's sender-selected distribution: routing keys the message is
+// also routed to, with the same exchange. The broker takes them only as an array of
+// strings, so the sink sends every CC header's value, in order, as one
+// element of the CC array (Headers.Add a CC header per routing key; a value
+// is never split), and likewise BCC; the broker keeps CC on every copy and
+// removes BCC. Moves the source makes (wait-queue hops, dead letters) drop
+// both, as below.
+//
 // # Recovery
 //
 // When a connection or channel dies (a network failure, a broker restart,

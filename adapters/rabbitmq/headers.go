@@ -35,10 +35,18 @@ const (
 // per-delivery count, which a quorum queue would add to the message's
 // attempts (attemptOf) on its first delivery, and the x-first-death-* and
 // x-last-death-* summaries of an x-death history the copy does not carry.
+// CC and BCC become what RabbitMQ requires of them, an array of strings
+// (as a string, the broker refuses the message, closing the channel): one
+// routing key per header, every value of a repeated key in order.
 func toTable(h ackwise.Headers, orig amqp.Table, extra int) amqp.Table {
 	t := make(amqp.Table, len(h)+extra)
 	for _, kv := range h {
 		if kv.Key == headerDeliveryCount || isDeathHeader(kv.Key) {
+			continue
+		}
+		if kv.Key == headerCC || kv.Key == headerBCC {
+			keys, _ := t[kv.Key].([]any)
+			t[kv.Key] = append(keys, kv.Value)
 			continue
 		}
 		if ov, ok := orig[kv.Key]; ok {

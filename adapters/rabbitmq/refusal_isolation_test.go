@@ -3,6 +3,7 @@ package rabbitmq
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 	"testing"
 
@@ -11,8 +12,8 @@ import (
 	"github.com/ackwise/ackwise"
 )
 
-// The broker refuses one message by closing the channel (here a CC header
-// that is a string, not an array: 406 "invalid message"), while other
+// The broker refuses one message by closing the channel (here its routing
+// key, which the user's topic permissions do not allow: 403), while other
 // Publish calls have messages unconfirmed on that channel. Only the refused
 // message's call fails; the others are sent again on the next channel and
 // succeed. Before, every call with a message in flight on the dying channel
@@ -23,7 +24,23 @@ func TestChannelRefusalFailsOnlyTheCulprit(t *testing.T) {
 	c := needBroker(t)
 	cfg := testConfig(t, Classic)
 	declare(t, cfg)
-	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
+	if err := withChannel(c, func(ch *amqp.Channel) error {
+		return ch.QueueBind(cfg.Queue, "good", "amq.topic", false, nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	user := "ackwise-test-" + randSuffix()
+	rabbitmqctl(t, "add_user", user, "pw")
+	t.Cleanup(func() { rabbitmqctl(t, "delete_user", user) })
+	rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
+	rabbitmqctl(t, "set_topic_permissions", "-p", "/", user, "amq.topic", "^good$", ".*")
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, "pw")
+	// No routing key of its own: each message goes with its Key.
+	sink := newSink(t, SinkConfig{URL: u.String(), Exchange: "amq.topic", ConnectionName: cfg.ConnectionName})
 
 	const rounds, good = 5, 8
 	want := map[string]bool{}
@@ -38,7 +55,7 @@ func TestChannelRefusalFailsOnlyTheCulprit(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				errs[i] = sink.Publish(ctxT(t), &ackwise.Message{ID: id, Payload: []byte("ok")})
+				errs[i] = sink.Publish(ctxT(t), &ackwise.Message{ID: id, Key: "good", Payload: []byte("ok")})
 			}()
 		}
 		var badErr error
@@ -46,14 +63,13 @@ func TestChannelRefusalFailsOnlyTheCulprit(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			badErr = sink.Publish(ctxT(t), &ackwise.Message{ID: fmt.Sprintf("bad-%d", r), Payload: []byte("x"),
-				Headers: ackwise.Headers{{Key: "CC", Value: "someone@example.com"}}})
+			badErr = sink.Publish(ctxT(t), &ackwise.Message{ID: fmt.Sprintf("bad-%d", r), Key: "bad", Payload: []byte("x")})
 		}()
 		close(start)
 		wg.Wait()
 		var ae *amqp.Error
-		if !errors.As(badErr, &ae) || ae.Code != amqp.PreconditionFailed || ackwise.ClassOf(badErr) != ackwise.ClassPermanent {
-			t.Fatalf("round %d: refused message: %v (class %v), want a permanent 406", r, badErr, ackwise.ClassOf(badErr))
+		if !errors.As(badErr, &ae) || ae.Code != amqp.AccessRefused || ackwise.ClassOf(badErr) != ackwise.ClassPermanent {
+			t.Fatalf("round %d: refused message: %v (class %v), want a permanent 403", r, badErr, ackwise.ClassOf(badErr))
 		}
 		for i, err := range errs {
 			if err != nil {

@@ -70,6 +70,9 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 // without an event ID is redriven without one: its message-id is kept, or
 // one is made that no Source takes for an event ID.
 //
+// Headers CC and BCC are sent as RabbitMQ's sender-selected distribution:
+// each such header is one more routing key (see the package doc).
+//
 // A message no queue takes (basic.return) fails with an error wrapping
 // ErrUnroutable; one the broker refuses with an error wrapping ErrNacked.
 // A publish the broker refuses by closing the channel (a missing exchange,
