@@ -77,6 +77,9 @@ func TestRedriveKeepsPropertiesAndHeaderTypes(t *testing.T) {
 		"x-float":             1.5,
 		"x-bytes":             []byte("raw"),
 		"x-time":              sent,
+		// Tables and arrays: a Message cannot hold them, the copy keeps them.
+		"x-nested": amqp.Table{"region": "eu", "shard": int32(3)},
+		"x-list":   []any{"a", int32(2)},
 	}
 	pub := amqp.Publishing{
 		Headers:         userHeaders,

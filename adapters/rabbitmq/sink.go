@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -62,8 +63,9 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 // plain source on the dead-letter queue: its Handle is a
 // dlq.RedriveHandle) keeps what a Message cannot hold: the dead letter's
 // content-type, content-encoding, correlation-id, reply-to, type, app-id,
-// priority, timestamp and message-id, and the wire type of every header
-// whose value is unchanged (an int stays an int). Headers the copy no
+// priority, timestamp and message-id, the wire type of every header
+// whose value is unchanged (an int stays an int), and its table and array
+// headers (but CC and BCC, which would route the copy on). Headers the copy no
 // longer has (the envelope and hop headers Redrive strips, x-death) are
 // not taken from the dead letter; nor are expiration (the copy would
 // expire) and user-id (the broker refuses another user's). A dead letter
@@ -109,6 +111,7 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 			pub.MessageId = s.p.nextID()
 		}
 		h := toTable(m.Headers, orig, 2)
+		keepNested(h, orig)
 		if id != "" {
 			h[ackwise.HeaderEventID] = id
 		}
@@ -130,6 +133,24 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		return err
 	}
 	return nil
+}
+
+// keepNested adds to t the table and array headers of orig (the dead
+// letter a redriven copy is made of), which a Message cannot hold: the
+// source leaves them out of Message.Headers, so Redrive neither saw nor
+// stripped them. Not x-death (the dead letter's history, which the copy
+// does not carry), nor CC and BCC (they would route the copy to more
+// queues), nor credentials or the envelope.
+func keepNested(t, orig amqp.Table) {
+	for k, v := range orig {
+		if _, scalar := scalarString(v); scalar || v == nil {
+			continue
+		}
+		if _, ok := t[k]; ok || k == headerDeath || k == headerCC || k == headerBCC || dlq.IsSecretHeader(k) || strings.HasPrefix(k, dlq.HeaderPrefix) {
+			continue
+		}
+		t[k] = v
+	}
 }
 
 // redrivenDelivery returns the delivery of the dead letter m is
