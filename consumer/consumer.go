@@ -92,7 +92,8 @@ type Consumer struct {
 // broker ID ("topic/partition@offset" on Kafka, the AMQP message-id). A
 // message without a broker ID (an AMQP message published without a
 // message-id) is known by its content instead: sum hashes its key, event ID
-// and payload, which every redelivery repeats (headers are left out: a
+// and payload as received, before a handler could change them (task.sum),
+// which every redelivery repeats (headers are left out: a
 // broker may add per-delivery ones, such as RabbitMQ's x-delivery-count).
 // Two such messages with the same content count as one: one may wait out
 // the other's hold (5s at most), no more.
@@ -101,11 +102,20 @@ type msgID struct {
 	sum              uint64
 }
 
-// idOf returns msg's identity across its redeliveries.
-func (c *Consumer) idOf(msg *ackwise.Message) msgID {
-	if msg.BrokerID != "" {
-		return msgID{source: msg.Source, brokerID: msg.BrokerID}
+// idOf returns the identity of t's message across its redeliveries.
+func (c *Consumer) idOf(t task) msgID {
+	if t.msg.BrokerID != "" {
+		return msgID{source: t.msg.Source, brokerID: t.msg.BrokerID}
 	}
+	sum := t.sum
+	if sum == 0 {
+		sum = c.sumOf(t.msg)
+	}
+	return msgID{source: t.msg.Source, sum: sum}
+}
+
+// sumOf hashes msg's key, event ID and payload (msgID).
+func (c *Consumer) sumOf(msg *ackwise.Message) uint64 {
 	var h maphash.Hash
 	h.SetSeed(c.seed)
 	h.WriteString(msg.Key)
@@ -113,7 +123,7 @@ func (c *Consumer) idOf(msg *ackwise.Message) msgID {
 	h.WriteString(msg.ID)
 	h.WriteByte(0)
 	h.Write(msg.Payload)
-	return msgID{source: msg.Source, sum: h.Sum64()}
+	return h.Sum64()
 }
 
 // failedSettle is a message whose settle failed: failures times in a row,
@@ -428,12 +438,19 @@ const (
 // process runs t's message and settles it, except a success, which the
 // caller acks (so that a worker acks the messages of a chunk together).
 // elapsed is the handler's run time when an Observer wants it.
-func (c *Consumer) process(ctx context.Context, t task) (res result, elapsed time.Duration) {
-	msg := t.msg
+func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed time.Duration) {
+	msg := tp.msg
 	if c.stopping.Load() || !c.src.Valid(msg) {
 		c.release(msg)
 		return returned, 0
 	}
+	if msg.BrokerID == "" && tp.sum == 0 {
+		// Its identity is its content as received: the handler may change
+		// the message (replace its payload with a decoded one, say), and
+		// its redelivery must still be recognised after a failed settle.
+		tp.sum = c.sumOf(msg)
+	}
+	t := *tp
 	if c.nFailedSettles.Load() > 0 {
 		if res, ok := c.holdRedelivery(t); ok {
 			return res, 0
@@ -482,9 +499,9 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	switch cl.Class {
 	case ackwise.ClassDiscard:
 		c.log.Debug("discarded", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
-		return c.settle(msg, Discarded, elapsed, c.src.Ack(sctx, msg))
+		return c.settle(t, Discarded, elapsed, c.src.Ack(sctx, msg))
 	case ackwise.ClassPermanent:
-		return c.deadLetter(sctx, msg, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
+		return c.deadLetter(sctx, t, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
 	}
 	if c.breaker != nil && c.breakerFailure(t, cl.After) {
 		// The dependency looks down: hold the message without spending an
@@ -492,7 +509,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 		return held
 	}
 	if c.cfg.Retry.Exhausted(msg.Attempt) {
-		return c.deadLetter(sctx, msg, dlq.ReasonMaxAttempts, err, cl.Class, now, elapsed)
+		return c.deadLetter(sctx, t, dlq.ReasonMaxAttempts, err, cl.Class, now, elapsed)
 	}
 	delay := cl.After
 	if delay <= 0 {
@@ -521,27 +538,29 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	if c.caps.MaxDelay > 0 && delay > c.caps.MaxDelay {
 		delay = c.caps.MaxDelay
 	}
-	return c.settle(msg, Retried, elapsed, c.src.Nack(sctx, msg, delay))
+	return c.settle(t, Retried, elapsed, c.src.Nack(sctx, msg, delay))
 }
 
-func (c *Consumer) deadLetter(ctx context.Context, msg *ackwise.Message, reason dlq.Reason, err error, class ackwise.Class, now time.Time, elapsed time.Duration) result {
+func (c *Consumer) deadLetter(ctx context.Context, t task, reason dlq.Reason, err error, class ackwise.Class, now time.Time, elapsed time.Duration) result {
+	msg := t.msg
 	env := dlq.New(msg, reason, err, class, now, c.cfg.Name, c.cfg.Version)
 	if derr := c.src.DeadLetter(ctx, msg, env); derr != nil {
 		// The move was not confirmed, so the message must not be acked
 		// (invariant 3): hand it back for redelivery.
 		c.log.Error("dead-letter failed; message left for redelivery", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", derr))
-		return c.settle(msg, DeadLettered, elapsed, derr)
+		return c.settle(t, DeadLettered, elapsed, derr)
 	}
 	c.log.Warn("dead-lettered", slog.String("event_id", adapters.EventID(msg)), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
-	return c.settle(msg, DeadLettered, elapsed, nil)
+	return c.settle(t, DeadLettered, elapsed, nil)
 }
 
 // settle records the outcome of a settle call: settled, or returned when it
 // failed (the broker redelivers msg).
-func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration, err error) result {
+func (c *Consumer) settle(t task, o Outcome, elapsed time.Duration, err error) result {
+	msg := t.msg
 	if err != nil {
 		if !errors.Is(err, adapters.ErrReceiptInvalid) {
-			c.settleFailed(msg)
+			c.settleFailed(t)
 			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
 			// Hand the delivery back so it is not stuck unsettled (an AMQP
 			// delivery would hold its prefetch slot until the channel
@@ -551,7 +570,7 @@ func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration
 		c.observe(msg, SettleFailed, elapsed)
 		return returned
 	}
-	c.settledOK(msg)
+	c.settledOK(t)
 	c.observe(msg, o, elapsed)
 	return settled
 }
@@ -562,8 +581,8 @@ func (c *Consumer) settle(msg *ackwise.Message, o Outcome, elapsed time.Duration
 // rewind each time). Its redeliveries wait 10ms, doubling with each failure
 // in a row up to 5s (holdRedelivery). Only this message waits: the others go
 // on at their pace.
-func (c *Consumer) settleFailed(msg *ackwise.Message) {
-	id := c.idOf(msg)
+func (c *Consumer) settleFailed(t task) {
+	id := c.idOf(t)
 	now := c.clock.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -583,12 +602,13 @@ func (c *Consumer) settleFailed(msg *ackwise.Message) {
 	c.nFailedSettles.Store(int32(len(c.failedSettles)))
 }
 
-// settledOK forgets msg's failed settles, if any: it is settled.
-func (c *Consumer) settledOK(msg *ackwise.Message) {
+// settledOK forgets the failed settles of t's message, if any: it is
+// settled.
+func (c *Consumer) settledOK(t task) {
 	if c.nFailedSettles.Load() == 0 {
 		return
 	}
-	id := c.idOf(msg)
+	id := c.idOf(t)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.failedSettles, id)
@@ -601,7 +621,7 @@ func (c *Consumer) settledOK(msg *ackwise.Message) {
 // and runs when the delay is over, at the same attempt. ok is false when
 // the message may run now.
 func (c *Consumer) holdRedelivery(t task) (res result, ok bool) {
-	id, now := c.idOf(t.msg), c.clock.Now()
+	id, now := c.idOf(t), c.clock.Now()
 	c.mu.Lock()
 	c.sweepFailedLocked(now)
 	f, found := c.failedSettles[id]
@@ -693,7 +713,7 @@ func (c *Consumer) stop() {
 	for msg, w := range c.waiting {
 		if w.timer.Stop() {
 			delete(c.waiting, msg)
-			c.queueLocked(task{msg, w.ln}) // a worker releases it, finishing its lane
+			c.queueLocked(task{msg: msg, ln: w.ln}) // a worker releases it, finishing its lane
 		}
 	}
 	if b := c.breaker; b != nil {

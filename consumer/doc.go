@@ -43,8 +43,9 @@
 // 10ms doubling per failure in a row up to 5s, so that the redeliveries do
 // not spin. The other messages are not held back. A message without a
 // broker ID (an AMQP message published without a message-id) is recognised
-// by its Source, Key, ID and Payload instead; two such messages alike in
-// all four count as one.
+// by its Source, Key, ID and Payload as received (what the handler changes
+// in the message does not count); two such messages alike in all four
+// count as one.
 //
 // The handler pipeline has a fixed order owned by the engine: recover →
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →

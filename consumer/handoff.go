@@ -87,10 +87,14 @@ func (ln *lane) push(m *ackwise.Message) {
 }
 
 // task is an in-flight message on its way to a handler, with its lane (nil
-// when the message is not ordered).
+// when the message is not ordered). sum is the content hash of a message
+// without a broker ID as it was received (see msgID), taken by process
+// before its first run, so that what a handler changes in the message does
+// not change its identity; 0 until then.
 type task struct {
 	msg *ackwise.Message
 	ln  *lane
+	sum uint64
 }
 
 // chunk is a batch of tasks for one worker. Its tasks are of different
@@ -236,7 +240,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 			}
 			ln.busy = true
 		}
-		all.tasks = append(all.tasks, task{m, ln})
+		all.tasks = append(all.tasks, task{msg: m, ln: ln})
 	}
 	if len(all.tasks) > 0 && c.pace.mode.Load() == modeInline {
 		select {
@@ -419,7 +423,7 @@ func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chu
 		}
 		n++
 		p := w.progress.Add(1) // odd: in a handler; the stall watch may take w.ran
-		res, elapsed := c.process(ctx, t)
+		res, elapsed := c.process(ctx, &t)
 		for !w.progress.CompareAndSwap(p, p+1) {
 			runtime.Gosched() // the stall watch is taking w.ran: a few instructions
 		}
@@ -601,7 +605,7 @@ func (c *Consumer) ackRan(w *workerState) {
 	if c.acker == nil {
 		for i := range w.ran {
 			if r := &w.ran[i]; r.res == succeeded {
-				r.res = c.settle(r.msg, Acked, r.elapsed, c.src.Ack(c.settleCtx, r.msg))
+				r.res = c.settle(r.task, Acked, r.elapsed, c.src.Ack(c.settleCtx, r.msg))
 			}
 		}
 		return
@@ -628,12 +632,12 @@ func (c *Consumer) ackRan(w *workerState) {
 		switch {
 		case errs[i] != nil:
 			failed = true
-			r.res = c.settle(r.msg, Acked, r.elapsed, errs[i])
+			r.res = c.settle(r.task, Acked, r.elapsed, errs[i])
 		case c.cfg.Observer == nil:
-			c.settledOK(r.msg)
+			c.settledOK(r.task)
 			acked++ // counted at once below
 		default:
-			c.settledOK(r.msg)
+			c.settledOK(r.task)
 			c.observe(r.msg, Acked, r.elapsed)
 		}
 		i++
@@ -670,7 +674,7 @@ func (c *Consumer) finishLocked(t task) (task, bool) {
 		next := ln.queue[ln.head]
 		ln.queue[ln.head] = nil
 		ln.head++
-		return task{next, ln}, true
+		return task{msg: next, ln: ln}, true
 	}
 	ln.busy = false
 	ln.queue, ln.head = ln.queue[:0], 0

@@ -201,3 +201,29 @@ func TestFailedSettleForgottenWhenItNeverComesBack(t *testing.T) {
 		t.Fatalf("%d messages still remembered two minutes after their wait, want 0", n)
 	}
 }
+
+// The handler may replace the payload it was given (decode it in place of
+// the raw body, say): the redelivery of a message without a broker ID
+// carries the body the broker has, and is recognised by that, as received,
+// not by what the handler left in the message. Before, the identity was
+// taken after the handler ran, the redelivery was not recognised and ran at
+// once, as fast as the broker redelivered it.
+func TestFailedSettleWithoutBrokerIDHeldAfterHandlerReplacedPayload(t *testing.T) {
+	t.Parallel()
+	var runs atomic.Int64
+	_, clock, stop := poisonOnClock(t, refusingPoison("", true), func(m *ackwise.Message) {
+		runs.Add(1)
+		m.Payload = []byte("decoded") // the broker's copy is unchanged
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := clock.WaitForTimers(ctx, 1); err != nil {
+		t.Errorf("the redelivery was not held: the message ran %d times with the clock stopped", runs.Load())
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the message ran %d times with the clock stopped: want once, then its redelivery held", n)
+	}
+}
