@@ -177,7 +177,10 @@ func failureCloseSASL(u amqp.URI, props amqp.Table) []amqp.Authentication {
 }
 
 // failureCloseAuth is a SASL mechanism that advertises
-// authentication_failure_close (see failureCloseSASL).
+// authentication_failure_close (see failureCloseSASL). amqp091-go blanks
+// the password of its own mechanisms after connecting, not of this one; the
+// password stays in memory as long as the URL does (conn.url, for
+// redialling), and neither is ever logged unredacted.
 type failureCloseAuth struct {
 	amqp.Authentication
 	props amqp.Table
