@@ -152,8 +152,12 @@ func (h Headers) Map() map[string]string {
 // Message is one delivery of an event.
 //
 // Producers fill ID, Key, Payload and Headers. An adapter fills the delivery
-// facts on receive; they describe this delivery, not the event, and a handler
-// treats them as read-only. A Message is owned by the engine while its handler
+// facts on receive; they describe this delivery, not the event. A handler
+// treats a delivered message as read-only, the payload's bytes and the
+// headers included: a retry or a dead letter carries what the message holds
+// when it is settled (a dead letter keeps the payload byte for byte only if
+// the handler did), and the in-memory broker redelivers it. Decode into
+// values of your own. A Message is owned by the engine while its handler
 // runs; a handler must not keep it, its Headers or its Payload after
 // returning: a source may reuse the Message for a later delivery (see
 // adapters.Recycler). Copy what must outlive the call (Headers.Clone,

@@ -445,9 +445,10 @@ func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed t
 		return returned, 0
 	}
 	if msg.BrokerID == "" && tp.sum == 0 {
-		// Its identity is its content as received: the handler may change
-		// the message (replace its payload with a decoded one, say), and
-		// its redelivery must still be recognised after a failed settle.
+		// Its identity is its content as received: a handler that changes
+		// the message (against its contract: replaces its payload with a
+		// decoded one, say) must not make its redelivery unrecognisable
+		// after a failed settle.
 		tp.sum = c.sumOf(msg)
 	}
 	t := *tp
