@@ -108,7 +108,12 @@ type Config struct {
 	Ordering Ordering
 
 	// Retry is the retry policy: attempts and backoff. Default: retry's
-	// defaults (5 attempts, 1s doubling up to 10m, jitter 0.5).
+	// defaults (5 attempts, 1s doubling up to 10m, jitter 0.5). When retries
+	// go through a source with tiered delays (Capabilities.DelayTiers: Kafka
+	// retry topics, RabbitMQ wait queues) and Retry sets no schedule (no
+	// Tiers, InitialInterval, Multiplier or MaxInterval), its Tiers are the
+	// source's: a message walks the chain, one tier per retry, the last
+	// repeating until MaxAttempts.
 	Retry retry.Policy
 	// RetryMode is RetryAuto by default.
 	RetryMode RetryMode

@@ -7,6 +7,7 @@ import (
 	"hash/maphash"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -159,6 +160,7 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	ownSchedule := len(cfg.Retry.Tiers) > 0 || cfg.Retry.InitialInterval != 0 || cfg.Retry.Multiplier != 0 || cfg.Retry.MaxInterval != 0
 	cfg = cfg.withDefaults()
 	caps := src.Capabilities()
 	recycler, _ := src.(adapters.Recycler)
@@ -190,6 +192,15 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		c.inPlace = true
 	default:
 		c.inPlace = !caps.Delay || (caps.Ordered && cfg.Ordering != OrderNone)
+	}
+	if !c.inPlace && !ownSchedule && len(caps.DelayTiers) > 0 {
+		// Retries go through the source's tiers (retry topics, wait
+		// queues) and the policy sets no schedule of its own: the schedule
+		// is the tiers, so that a message walks the chain (the first retry
+		// waits the first tier, the next the second, the last repeating).
+		// The default exponential schedule, rounded up to a tier by the
+		// source, would only ever reach the first tiers.
+		c.cfg.Retry.Tiers = slices.Clone(caps.DelayTiers)
 	}
 	c.heartbeat = caps.ExtendLease && caps.Lease > 0
 	if c.inPlace && caps.Lease > 0 && !caps.ExtendLease {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -177,6 +178,22 @@ func TestMembersJoinAndLeaveUnderLoad(t *testing.T) {
 	t.Logf("%d records, %d handled twice (at-least-once across rebalances)", n, dups)
 }
 
+// runConsumer runs a consumer of src with h and cfg until the test ends.
+func runConsumer(t *testing.T, src adapters.Source, h ackwise.Handler, cfg consumer.Config) {
+	t.Helper()
+	c, err := consumer.New(src, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+}
+
 // TestPoisonRecordDoesNotStopPartition: a record that always fails is
 // retried, then dead-lettered, and the records behind it in its partition
 // are handled, in both retry modes.
@@ -205,18 +222,7 @@ func TestPoisonRecordDoesNotStopPartition(t *testing.T) {
 				seen.add(m.ID)
 				return nil
 			})
-			src := openSource(t, cfg)
-			c, err := consumer.New(src, h, ccfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan error, 1)
-			go func() { done <- c.Run(ctx) }()
-			defer func() {
-				cancel()
-				<-done
-			}()
+			runConsumer(t, openSource(t, cfg), h, ccfg)
 			seen.wait(t, "every other record", 20*time.Second, func(s map[string]int) bool { return len(s) == n-1 })
 			waitCommitted(t, brokers, cfg.Group, cfg.Topic, 0, n)
 			rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -242,5 +248,42 @@ func TestPoisonRecordDoesNotStopPartition(t *testing.T) {
 				t.Fatalf("envelope %+v after %d attempts", env, attempts.Load())
 			}
 		})
+	}
+}
+
+// TestRetryChainWalksTiers: with retry tiers and the engine's default
+// retry policy, a record that fails twice goes to the first tier's retry
+// topic, then to the second's. Before, the policy's own exponential delays
+// (1s, 2s) were rounded by the source to a tier, and with tiers shorter
+// than them every hop went to the longest tier's topic (with longer tiers,
+// every hop to the first): the chain was never walked.
+func TestRetryChainWalksTiers(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	tiers := []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}
+	cfg := testConfig(t, brokers, 1, tiers...)
+	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	seen := newTally()
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		if m.Attempt < 3 {
+			return errors.New("not yet")
+		}
+		seen.add(m.ID)
+		return nil
+	})
+	runConsumer(t, openSource(t, cfg), h, consumer.Config{RetryMode: consumer.RetryBroker})
+	seen.wait(t, "the record at its third attempt", 20*time.Second, func(s map[string]int) bool { return len(s) == 1 })
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer rcancel()
+	var hops []string
+	for _, tier := range tiers {
+		topic := DefaultRetryTopic(cfg.Topic, tier)
+		for _, r := range readAll(rctx, t, brokers, topic) {
+			hops = append(hops, topic+" attempt "+recordMessage(r).Headers.Get(ackwise.HeaderAttempt))
+		}
+	}
+	want := []string{DefaultRetryTopic(cfg.Topic, tiers[0]) + " attempt 2", DefaultRetryTopic(cfg.Topic, tiers[1]) + " attempt 3"}
+	if !slices.Equal(hops, want) {
+		t.Fatalf("retry hops %q, want %q", hops, want)
 	}
 }
