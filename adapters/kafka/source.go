@@ -72,8 +72,9 @@ type Source struct {
 	closeErr error
 
 	// Test hooks, nil outside tests: a rewind checked ownership and calls
-	// SetOffsets next; onRevoked was entered.
-	testRewindChecked, testRevoking func()
+	// SetOffsets next; onRevoked was entered; a commit read its offsets and
+	// sends them next.
+	testRewindChecked, testRevoking, testCommitting func()
 }
 
 type topicPartition struct {
@@ -336,8 +337,13 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 }
 
 // onLost marks partitions gone without committing: the group already gave
-// them to someone else.
+// them to someone else. It waits for a commit in flight (at most its 10s):
+// one whose offsets were read before the loss but sent after franz-go
+// rejoined the group, under the new generation, would be accepted and set
+// the offsets of partitions another member owns by now back to older ones.
 func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
 	s.rewindMu.Lock()
 	s.mu.Lock()
 	var ps []*partition
@@ -1252,6 +1258,9 @@ func (s *Source) commitLocked(ctx context.Context, cl *kgo.Client, ps []*partiti
 	s.mu.Unlock()
 	if len(todo) == 0 {
 		return nil
+	}
+	if s.testCommitting != nil {
+		s.testCommitting()
 	}
 	if len(metas) > 0 {
 		ctx = kgo.PreCommitFnContext(ctx, func(req *kmsg.OffsetCommitRequest) error {
