@@ -111,9 +111,9 @@ type Config struct {
 	// defaults (5 attempts, 1s doubling up to 10m, jitter 0.5). When retries
 	// go through a source with tiered delays (Capabilities.DelayTiers: Kafka
 	// retry topics, RabbitMQ wait queues) and Retry sets no schedule (no
-	// Tiers, InitialInterval, Multiplier or MaxInterval), its Tiers are the
-	// source's: a message walks the chain, one tier per retry, the last
-	// repeating until MaxAttempts.
+	// Tiers, InitialInterval, Multiplier, MaxInterval or Jitter), its Tiers
+	// are the source's: a message walks the chain, one tier per retry, the
+	// last repeating until MaxAttempts.
 	Retry retry.Policy
 	// RetryMode is RetryAuto by default.
 	RetryMode RetryMode

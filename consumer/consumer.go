@@ -160,7 +160,8 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	ownSchedule := len(cfg.Retry.Tiers) > 0 || cfg.Retry.InitialInterval != 0 || cfg.Retry.Multiplier != 0 || cfg.Retry.MaxInterval != 0
+	r := cfg.Retry
+	ownSchedule := len(r.Tiers) > 0 || r.InitialInterval != 0 || r.Multiplier != 0 || r.MaxInterval != 0 || r.Jitter != 0
 	cfg = cfg.withDefaults()
 	caps := src.Capabilities()
 	recycler, _ := src.(adapters.Recycler)

@@ -32,6 +32,7 @@ func TestRetryWalksTheSourceTiers(t *testing.T) {
 		{"attempts only", retry.Policy{MaxAttempts: 3}, []time.Duration{time.Minute, 10 * time.Minute}},
 		{"own interval", retry.Policy{InitialInterval: time.Second, Jitter: retry.NoJitter}, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}},
 		{"own tiers", retry.Policy{Tiers: []time.Duration{time.Second}}, []time.Duration{time.Second, time.Second, time.Second, time.Second}},
+		{"own jitter", retry.Policy{Jitter: retry.NoJitter}, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
