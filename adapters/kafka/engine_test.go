@@ -80,7 +80,11 @@ type member struct {
 	stop func()
 }
 
-func startMember(t *testing.T, cfg Config, h ackwise.Handler, late *atomic.Int64) *member {
+// memberConfig is the engine configuration of the members of the group
+// tests: several workers, and a drain that waits for them.
+var memberConfig = consumer.Config{Concurrency: 8, DrainTimeout: 5 * time.Second}
+
+func startMember(t *testing.T, cfg Config, h ackwise.Handler, late *atomic.Int64, ccfg consumer.Config) *member {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	src, err := NewSource(ctx, cfg)
@@ -88,7 +92,7 @@ func startMember(t *testing.T, cfg Config, h ackwise.Handler, late *atomic.Int64
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := consumer.New(lateAcks{src, late}, h, consumer.Config{Concurrency: 8, DrainTimeout: 5 * time.Second})
+	c, err := consumer.New(lateAcks{src, late}, h, ccfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,15 +156,15 @@ func TestMembersJoinAndLeaveUnderLoad(t *testing.T) {
 	count := func(k int) func(map[string]int) bool {
 		return func(s map[string]int) bool { return len(s) >= k }
 	}
-	a := startMember(t, cfg, h, &late)
+	a := startMember(t, cfg, h, &late, memberConfig)
 	seen.wait(t, "A's first records", 20*time.Second, count(300))
-	b := startMember(t, cfg, h, &late)
+	b := startMember(t, cfg, h, &late, memberConfig)
 	seen.wait(t, "records with B", 20*time.Second, count(900))
-	startMember(t, cfg, h, &late)
+	startMember(t, cfg, h, &late, memberConfig)
 	seen.wait(t, "records with C", 20*time.Second, count(1500))
 	a.stop()
 	seen.wait(t, "records after A left", 20*time.Second, count(2000))
-	startMember(t, cfg, h, &late)
+	startMember(t, cfg, h, &late, memberConfig)
 	b.stop()
 	if err := <-prodDone; err != nil {
 		t.Fatal(err)

@@ -49,41 +49,15 @@ func TestRetryPartitionsAcrossRebalances(t *testing.T) {
 		seen.add(m.ID)
 		return nil
 	})
+	ccfg := memberConfig
+	ccfg.RetryMode = consumer.RetryBroker
+	ccfg.Retry = retry.Policy{MaxAttempts: 10}
 	start := func(handled *atomic.Int64) func() {
 		h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error {
 			handled.Add(1)
 			return h.Handle(ctx, m)
 		})
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		src, err := NewSource(ctx, cfg)
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c, err := consumer.New(lateAcks{src, &late}, h, consumer.Config{
-			Concurrency: 8, DrainTimeout: 5 * time.Second, RetryMode: consumer.RetryBroker,
-			Retry: retry.Policy{MaxAttempts: 10},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rctx, rcancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- c.Run(rctx) }()
-		var once sync.Once
-		stop := func() {
-			once.Do(func() {
-				rcancel()
-				if err := <-done; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-				if err := src.Close(); err != nil {
-					t.Errorf("close: %v", err)
-				}
-			})
-		}
-		t.Cleanup(stop)
-		return stop
+		return startMember(t, cfg, h, &late, ccfg).stop
 	}
 	count := func(k int) func(map[string]int) bool {
 		return func(s map[string]int) bool { return len(s) >= k }
