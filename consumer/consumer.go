@@ -24,7 +24,9 @@ var ErrRunning = errors.New("consumer: already running")
 // the drain deadline and a grace period after their context was cancelled.
 // Their messages are not settled by Run: a handler that returns later still
 // has its message settled then, if the source is still open; otherwise the
-// broker redelivers it. Until those handlers return, Run returns
+// broker redelivers it. Until those handlers return, the engine goes on
+// extending their messages' leases (where the source has leases), so the
+// broker does not hand them to another consumer meanwhile, and Run returns
 // ErrRunning.
 var ErrDrainTimeout = errors.New("consumer: drain timed out: handlers still running")
 
@@ -283,7 +285,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.slots = make(chan struct{}, c.cfg.Concurrency)
 	c.pace.reset()
 
-	quit := make(chan struct{})
+	quit := make(chan struct{})   // workers and the stall watch
+	hbQuit := make(chan struct{}) // the heartbeat, which may outlive them
 	var workers sync.WaitGroup
 	// The last worker state is the receive loop's, for inline runs.
 	c.workers = make([]*workerState, c.cfg.Concurrency+1)
@@ -307,7 +310,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		hb.Add(1)
 		go func() {
 			defer hb.Done()
-			c.heartbeatLoop(handlerCtx, quit)
+			c.heartbeatLoop(hbQuit)
 		}()
 	}
 	// The receive loop runs on its own goroutine: it may be running a
@@ -333,15 +336,20 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err != nil {
 		// Handlers are stuck past their cancelled context. Hand back what
 		// is still queued, return, and stay "running" until the stuck
-		// workers come back, so a new Run cannot mix with them.
+		// workers come back, so a new Run cannot mix with them. Their
+		// messages keep their leases until then: a handler that returns
+		// late still has its message settled, and meanwhile the broker
+		// must not deliver it to another consumer.
 		c.releaseQueued()
 		go func() {
 			workers.Wait()
+			close(hbQuit)
 			hb.Wait()
 			c.running.Store(false)
 		}()
 		return err
 	}
+	close(hbQuit)
 	if !recvEnded {
 		recvErr = <-recvDone
 	}
@@ -775,7 +783,7 @@ func (c *Consumer) awaitDrain(cancelHandlers context.CancelFunc) error {
 // heartbeatLoop extends the leases of messages that have been in flight for
 // a third of the lease, so a long handler or an in-place wait never loses its
 // message to another consumer.
-func (c *Consumer) heartbeatLoop(ctx context.Context, quit <-chan struct{}) {
+func (c *Consumer) heartbeatLoop(quit <-chan struct{}) {
 	every := c.caps.Lease / 3
 	var due []*ackwise.Message
 	for {

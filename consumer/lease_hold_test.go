@@ -112,3 +112,66 @@ func advanceUntil(ctx context.Context, t *testing.T, clock *memory.VirtualClock,
 	}
 	t.Fatalf("not done after %v of virtual time", limit)
 }
+
+// TestStuckHandlerKeepsLeaseAfterDrainTimeout: a handler that ignores its
+// cancelled context outlives Run, which returns ErrDrainTimeout. Its message
+// keeps its lease until the handler returns: another consumer of the queue
+// does not get it meanwhile, and the late success is acknowledged. Before,
+// the heartbeat stopped with Run; the lease ran out and the broker handed
+// the message to another consumer while the first still worked on it.
+func TestStuckHandlerKeepsLeaseAfterDrainTimeout(t *testing.T) {
+	t.Parallel()
+	clock, br, src := leasedQueue(t) // a 30s lease
+	started, finish := make(chan struct{}), make(chan struct{})
+	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		close(started)
+		<-finish // ignores its context
+		return nil
+	})
+	c, err := consumer.New(src, h, consumer.Config{Clock: clock, DrainTimeout: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	if err := br.Publish(context.Background(), "q", &ackwise.Message{ID: "stuck"}); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	cancel()
+	if err := <-done; !errors.Is(err, consumer.ErrDrainTimeout) {
+		t.Fatalf("Run = %v, want ErrDrainTimeout", err)
+	}
+	// Five lease lengths of virtual time, in the heartbeat's steps (its
+	// timer armed before each, so time never outruns it). Without a
+	// heartbeat, the rest at once.
+	for i := range 30 {
+		wait, cancelWait := context.WithTimeout(context.Background(), 2*time.Second)
+		err := clock.WaitForTimers(wait, 1)
+		cancelWait()
+		if err != nil {
+			t.Logf("no heartbeat after Run returned (step %d): %v", i, err)
+			clock.Advance(time.Duration(30-i) * 5 * time.Second)
+			break
+		}
+		clock.Advance(5 * time.Second)
+	}
+	other, err := br.QueueSource("q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	// No event says a message will not come: a short bounded receive.
+	rctx, rcancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer rcancel()
+	if n, _ := other.Receive(rctx, make([]*ackwise.Message, 1)); n != 0 {
+		close(finish)
+		t.Fatal("another consumer got the message while its handler still ran")
+	}
+	close(finish)
+	waitIdleQueue(t, c, br, "q")
+	if st := c.Stats(); st.Acked != 1 {
+		t.Fatalf("stats %+v: want the late success acked", st)
+	}
+}
