@@ -812,7 +812,11 @@ func (c *Consumer) heartbeatLoop(quit <-chan struct{}) {
 		}
 		c.mu.Unlock()
 		for _, m := range due {
-			if err := c.src.ExtendLease(c.settleCtx, m, c.caps.Lease); err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) {
+			// Not a receipt no longer valid, nor a source closed (after Run
+			// returned ErrDrainTimeout, the application may close it while
+			// handlers it left running hold messages): the broker
+			// redelivers those messages, which is all there is to say.
+			if err := c.src.ExtendLease(c.settleCtx, m, c.caps.Lease); err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) && !errors.Is(err, adapters.ErrClosed) {
 				c.log.Warn("lease extension failed", slog.String("event_id", adapters.EventID(m)), slog.Any("error", err))
 			}
 		}

@@ -1,8 +1,12 @@
 package consumer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -113,22 +117,40 @@ func advanceUntil(ctx context.Context, t *testing.T, clock *memory.VirtualClock,
 	t.Fatalf("not done after %v of virtual time", limit)
 }
 
-// TestStuckHandlerKeepsLeaseAfterDrainTimeout: a handler that ignores its
-// cancelled context outlives Run, which returns ErrDrainTimeout. Its message
-// keeps its lease until the handler returns: another consumer of the queue
-// does not get it meanwhile, and the late success is acknowledged. Before,
-// the heartbeat stopped with Run; the lease ran out and the broker handed
-// the message to another consumer while the first still worked on it.
-func TestStuckHandlerKeepsLeaseAfterDrainTimeout(t *testing.T) {
-	t.Parallel()
-	clock, br, src := leasedQueue(t) // a 30s lease
-	started, finish := make(chan struct{}), make(chan struct{})
+// syncBuffer is a bytes.Buffer safe for concurrent writes, for a log.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// stuckAfterDrain runs a consumer of a leased memory queue (30s lease) on a
+// virtual clock whose handler ignores its cancelled context until finish is
+// closed, publishes one message, stops Run once the handler started and
+// waits for ErrDrainTimeout. The test closes finish.
+func stuckAfterDrain(t *testing.T) (clock *memory.VirtualClock, br *memory.Broker, src *memory.QueueSource, c *consumer.Consumer, finish chan struct{}, log *syncBuffer) {
+	t.Helper()
+	clock, br, src = leasedQueue(t)
+	started := make(chan struct{})
+	finish = make(chan struct{})
 	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
 		close(started)
 		<-finish // ignores its context
 		return nil
 	})
-	c, err := consumer.New(src, h, consumer.Config{Clock: clock, DrainTimeout: 20 * time.Millisecond})
+	log = &syncBuffer{}
+	c, err := consumer.New(src, h, consumer.Config{Clock: clock, DrainTimeout: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(log, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,21 +163,42 @@ func TestStuckHandlerKeepsLeaseAfterDrainTimeout(t *testing.T) {
 	<-started
 	cancel()
 	if err := <-done; !errors.Is(err, consumer.ErrDrainTimeout) {
+		close(finish)
 		t.Fatalf("Run = %v, want ErrDrainTimeout", err)
 	}
-	// Five lease lengths of virtual time, in the heartbeat's steps (its
-	// timer armed before each, so time never outruns it). Without a
-	// heartbeat, the rest at once.
-	for i := range 30 {
-		wait, cancelWait := context.WithTimeout(context.Background(), 2*time.Second)
+	return clock, br, src, c, finish, log
+}
+
+// advanceHeartbeats moves clock on in steps of 5s (the heartbeat runs every
+// 10s, a third of the 30s lease), waiting before each for the heartbeat's
+// timer so that time never outruns it. Without a heartbeat (none armed
+// within 2s) it moves the rest at once, and reports false.
+func advanceHeartbeats(t *testing.T, clock *memory.VirtualClock, steps int) bool {
+	t.Helper()
+	for i := range steps {
+		wait, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		err := clock.WaitForTimers(wait, 1)
-		cancelWait()
+		cancel()
 		if err != nil {
-			t.Logf("no heartbeat after Run returned (step %d): %v", i, err)
-			clock.Advance(time.Duration(30-i) * 5 * time.Second)
-			break
+			clock.Advance(time.Duration(steps-i) * 5 * time.Second)
+			return false
 		}
 		clock.Advance(5 * time.Second)
+	}
+	return true
+}
+
+// TestStuckHandlerKeepsLeaseAfterDrainTimeout: a handler that ignores its
+// cancelled context outlives Run, which returns ErrDrainTimeout. Its message
+// keeps its lease until the handler returns: another consumer of the queue
+// does not get it meanwhile, and the late success is acknowledged. Before,
+// the heartbeat stopped with Run; the lease ran out and the broker handed
+// the message to another consumer while the first still worked on it.
+func TestStuckHandlerKeepsLeaseAfterDrainTimeout(t *testing.T) {
+	t.Parallel()
+	clock, br, _, c, finish, _ := stuckAfterDrain(t)
+	if !advanceHeartbeats(t, clock, 30) { // five lease lengths
+		t.Log("no heartbeat after Run returned")
 	}
 	other, err := br.QueueSource("q")
 	if err != nil {
@@ -173,5 +216,25 @@ func TestStuckHandlerKeepsLeaseAfterDrainTimeout(t *testing.T) {
 	waitIdleQueue(t, c, br, "q")
 	if st := c.Stats(); st.Acked != 1 {
 		t.Fatalf("stats %+v: want the late success acked", st)
+	}
+}
+
+// TestNoLeaseWarningsAfterSourceClosed: once the application closed the
+// source after ErrDrainTimeout, the heartbeat that still runs for the stuck
+// handler's message logs nothing about failing to extend its lease: the
+// source is closed, the broker redelivers the message, and a warning every
+// heartbeat for as long as the handler is stuck says nothing more.
+func TestNoLeaseWarningsAfterSourceClosed(t *testing.T) {
+	t.Parallel()
+	clock, _, src, _, finish, log := stuckAfterDrain(t)
+	defer close(finish)
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !advanceHeartbeats(t, clock, 6) {
+		t.Fatal("no heartbeat after Run returned")
+	}
+	if strings.Contains(log.String(), "lease extension failed") {
+		t.Fatalf("warnings after the source was closed:\n%s", log.String())
 	}
 }
