@@ -692,6 +692,12 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 	if err != nil {
 		return err
 	}
+	if s.closed.Load() {
+		// Closing released the records not settled: nothing left to renew
+		// (the engine's heartbeat outlives Run for handlers still running
+		// after its drain deadline, and may call this after Close).
+		return fmt.Errorf("kafka: %s: source closed: %w", msg.BrokerID, adapters.ErrClosed)
+	}
 	if !s.renews {
 		return fmt.Errorf("kafka: %s: the brokers do not renew share locks (Kafka 4.2+)", msg.BrokerID)
 	}
