@@ -169,6 +169,15 @@ type txState struct {
 // and roll back with it when the handler fails. The handler must not call
 // its Commit or Rollback (the inbox does), and must not use it from two
 // goroutines at once.
+//
+// A handler must return the error of every statement it runs through the
+// transaction, above all a context error: a write statement interrupted
+// because its context ended makes SQLite roll back the whole transaction,
+// inbox record included, and the statements the handler runs after it then
+// commit each on its own, outside any transaction. The inbox's commit then
+// fails and the message is retried, but those effects have committed already
+// and the retry applies them again. (PostgreSQL refuses every statement in a
+// failed transaction; SQLite does not.)
 func Tx(ctx context.Context) *sql.Tx {
 	st, _ := ctx.Value(ctxKey{}).(*txState)
 	if st == nil {

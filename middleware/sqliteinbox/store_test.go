@@ -3,7 +3,9 @@ package sqliteinbox_test
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"modernc.org/sqlite"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/middleware"
@@ -408,3 +412,65 @@ func TestTwoStoresOnOneDBShareTransaction(t *testing.T) {
 		t.Fatalf("%d effects, want 1", n)
 	}
 }
+
+// TestInterruptedWriteIsNotAcknowledged: a write statement interrupted by
+// its context makes SQLite roll back the claim's whole transaction (record
+// included), and a statement the handler runs after it commits on its own
+// (see Tx). A handler that swallows the interruption and returns nil must
+// not get its message acknowledged: the record is gone, so the commit fails
+// and the message is retried.
+func TestInterruptedWriteIsNotAcknowledged(t *testing.T) {
+	t.Parallel()
+	registerCancelFunc.Do(func() {
+		err := sqlite.RegisterScalarFunction("ackwise_test_cancel", 0, func(*sqlite.FunctionContext, []driver.Value) (driver.Value, error) {
+			if f := interruptHook.Load(); f != nil {
+				(*f)()
+			}
+			return "junk", nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	})
+	b := setup(t) // after the registration: its connections have the function
+	mw, err := middleware.Inbox(b.store, middleware.InboxConfig{Consumer: "c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+		tx := sqliteinbox.Tx(ctx)
+		qctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		// An endless write that cancels its own context from its first
+		// row, so that the cancel comes while it runs.
+		interruptHook.Store(&cancel)
+		_, err := tx.ExecContext(qctx, `WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM n) INSERT INTO effects SELECT ackwise_test_cancel() FROM n`)
+		if !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("endless write: got %v, want it interrupted", err)
+		}
+		// The error is swallowed; this write commits outside the claim.
+		_, err = tx.ExecContext(ctx, `INSERT INTO effects (event_id) VALUES (?)`, msg.ID)
+		return err
+	}))
+	err = h.Handle(t.Context(), msgFor("e"))
+	if err == nil {
+		t.Fatal("the claim's transaction was rolled back by the interruption, yet the message was acknowledged")
+	}
+	if c := ackwise.ClassOf(err); c != ackwise.ClassTransient {
+		t.Fatalf("%v classified %v, want transient", err, c)
+	}
+	if ok, err := b.store.Handled(t.Context(), middleware.InboxKey{Consumer: "c", EventID: "e"}); ok || err != nil {
+		t.Fatalf("Handled = %v, %v; want false (the record rolled back with the transaction)", ok, err)
+	}
+	// What Tx's documentation warns of: the write after the interruption
+	// committed on its own, so a retry applies it again.
+	if n := b.count(t, `SELECT count(*) FROM effects WHERE event_id = 'e'`); n != 1 {
+		t.Fatalf("%d effects of the write after the interruption, want 1 (committed outside the claim, as Tx documents)", n)
+	}
+}
+
+var (
+	registerCancelFunc sync.Once
+	// interruptHook is what ackwise_test_cancel() calls.
+	interruptHook atomic.Pointer[context.CancelFunc]
+)
