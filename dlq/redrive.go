@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -55,6 +56,9 @@ const (
 	DefaultMaxHeld = 10000
 	// DefaultInspectMax is InspectOptions.Max when it is zero.
 	DefaultInspectMax = 20
+	// DefaultPublishTimeout is RedriveOptions.PublishTimeout when it is
+	// zero.
+	DefaultPublishTimeout = 30 * time.Second
 	// releaseTimeout bounds the releases at the end of a run, which run even
 	// when the run's context was cancelled.
 	releaseTimeout = 10 * time.Second
@@ -146,6 +150,14 @@ type RedriveOptions struct {
 	// prefetch) also bounds it: when it is full, no more messages arrive and
 	// the run ends as idle.
 	MaxHeld int
+	// PublishTimeout bounds each publish to the target, its confirmation
+	// included. A sink whose broker is down may wait for it to come back
+	// until its context ends (the RabbitMQ and Kafka sinks do); past this
+	// timeout the publish fails, the dead letter stays where it was and the
+	// run stops with the error (StopError), rather than block for as long
+	// as the target is down. Zero means DefaultPublishTimeout (30s);
+	// negative is invalid.
+	PublishTimeout time.Duration
 	// OnMessage, when set, is called from Redrive's goroutine after each
 	// decision, with the delivery, its envelope (zero for ActionNoEnvelope)
 	// and what was done. It must not keep msg.
@@ -168,6 +180,8 @@ func (o RedriveOptions) Validate() error {
 		return fmt.Errorf("dlq: RedriveOptions.IdleTimeout = %v: must not be negative (0 means %v)", o.IdleTimeout, DefaultIdleTimeout)
 	case o.MaxHeld < 0:
 		return fmt.Errorf("dlq: RedriveOptions.MaxHeld = %d: must not be negative (0 means %d)", o.MaxHeld, DefaultMaxHeld)
+	case o.PublishTimeout < 0:
+		return fmt.Errorf("dlq: RedriveOptions.PublishTimeout = %v: must not be negative (0 means %v)", o.PublishTimeout, DefaultPublishTimeout)
 	}
 	return nil
 }
@@ -360,7 +374,7 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 				note(msg, env, ActionWouldMove)
 				continue
 			}
-			if err := r.move(ctx, to, lim, msg); err != nil {
+			if err := r.move(ctx, to, lim, cmp.Or(opts.PublishTimeout, DefaultPublishTimeout), msg); err != nil {
 				for _, m := range buf[i+1 : n] {
 					r.hold(m)
 				}
@@ -386,7 +400,7 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 // move publishes msg's redrive copy to to (after the rate cap lets it) and
 // acks msg once the publish is confirmed. On any failure msg is held, to be
 // released.
-func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, msg *ackwise.Message) error {
+func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, timeout time.Duration, msg *ackwise.Message) error {
 	if lim != nil {
 		if err := lim.Wait(ctx); err != nil {
 			r.hold(msg)
@@ -397,8 +411,14 @@ func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, msg *
 			return fmt.Errorf("%w: %w", errRateDeadline, context.DeadlineExceeded)
 		}
 	}
-	if err := to.Publish(ctx, redriveCopy(msg)); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	err := to.Publish(pctx, redriveCopy(msg))
+	cancel()
+	if err != nil {
 		r.hold(msg)
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("not confirmed within %v (the target may be down): %w", timeout, err)
+		}
 		return fmt.Errorf("dlq: redrive of %s (event %q): publish failed, the dead letter stays in the dead-letter destination: %w", msg.BrokerID, eventID(msg), err)
 	}
 	// The copy is confirmed: ack even if ctx was cancelled meanwhile, so

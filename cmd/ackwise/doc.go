@@ -4,7 +4,7 @@
 //	ackwise dlq stats   <source-url> [-n 1000] [-json] [-idle 2s]
 //	ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N]
 //	                    [-dry-run] [-reason permanent,...] [-class transient,...]
-//	                    [-idle 2s] [-max-held 10000] [-v]
+//	                    [-idle 2s] [-max-held 10000] [-publish-timeout 30s] [-v]
 //
 // URLs are opened with adapters.OpenSource and adapters.OpenSink; the
 // command registers the mem, kafka and amqp/amqps/rabbit schemes (see each

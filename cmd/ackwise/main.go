@@ -467,7 +467,7 @@ func (l *list) Set(v string) error {
 }
 
 func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	c := newCommand("redrive", "ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N] [-dry-run] [-reason permanent] [-idle 2s]")
+	c := newCommand("redrive", "ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N] [-dry-run] [-reason permanent] [-idle 2s] [-publish-timeout 30s]")
 	rateF := c.fs.Float64("rate", dlq.DefaultRate, "publish at most `N` messages a second (-1: no cap)")
 	maxF := c.fs.Int("max", 0, "move at most `N` messages (0: no limit); with -dry-run, count at most N")
 	dry := c.fs.Bool("dry-run", false, "decide and print, move nothing")
@@ -476,6 +476,7 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	c.fs.Var(&classes, "class", "move only dead letters with these error `classes` (comma-separated: transient, permanent, …)")
 	idle := c.fs.Duration("idle", dlq.DefaultIdleTimeout, "stop when no message arrives for this `long`")
 	maxHeld := c.fs.Int("max-held", dlq.DefaultMaxHeld, "hold at most `N` skipped messages unsettled before stopping")
+	pubTimeout := c.fs.Duration("publish-timeout", dlq.DefaultPublishTimeout, "fail the run when a publish to the target is not confirmed within this `long` (a target that is down)")
 	verbose := c.fs.Bool("v", false, "print a line for every message, not only in a dry run")
 	pos, err := c.parse(args, "<dlq-source-url>", "<target-sink-url>")
 	if err != nil {
@@ -487,13 +488,16 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if *idle <= 0 {
 		return c.usageErr("-idle = %v: want a positive duration", *idle)
 	}
+	if *pubTimeout <= 0 {
+		return c.usageErr("-publish-timeout = %v: want a positive duration", *pubTimeout)
+	}
 	if *maxHeld < 1 {
 		return c.usageErr("-max-held = %d: want at least 1", *maxHeld)
 	}
 	if sameDestination(pos[0], pos[1]) {
 		return c.usageErr("the dead-letter source and the target are the same destination (%s)", redact(pos[0]))
 	}
-	opts := dlq.RedriveOptions{Rate: *rateF, Max: *maxF, DryRun: *dry, IdleTimeout: *idle, MaxHeld: *maxHeld}
+	opts := dlq.RedriveOptions{Rate: *rateF, Max: *maxF, DryRun: *dry, IdleTimeout: *idle, MaxHeld: *maxHeld, PublishTimeout: *pubTimeout}
 	if err := opts.Validate(); err != nil {
 		return c.usageErr("%v", err)
 	}

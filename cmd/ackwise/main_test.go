@@ -258,6 +258,7 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"dlq", "redrive", "mem://a", "mem://b", "-rate", "0"},
 		{"dlq", "redrive", "mem://a", "mem://b", "-max", "-1"},
 		{"dlq", "redrive", "mem://a", "mem://b", "-max-held", "0"},
+		{"dlq", "redrive", "mem://a", "mem://b", "-publish-timeout", "0s"},
 	} {
 		code, out, errOut := ackwiseRun(t, args...)
 		if code != exitUsage || !strings.Contains(errOut, "usage: ackwise") || out != "" {
