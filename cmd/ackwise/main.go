@@ -261,13 +261,15 @@ func cmdInspect(ctx context.Context, args []string, stdout io.Writer) error {
 	return err
 }
 
-// letterLine renders a dead letter on one line: event ID, then key=value
-// fields, the error text last, quoted and cut to maxErrorLen runes.
+// letterLine renders a dead letter on one line: event ID (quoted if it
+// holds spaces, quotes or what is not printable), then key=value fields,
+// the error text last, quoted and cut to maxErrorLen runes.
 func letterLine(l dlq.Letter) string {
 	m, e := l.Message, l.Envelope
-	id := cmp.Or(m.ID, m.Headers.Get(ackwise.HeaderEventID), "-")
+	// Quoted when need be: a foreign producer's ID may hold a newline.
+	id := field(cmp.Or(m.ID, m.Headers.Get(ackwise.HeaderEventID)))
 	if l.Err != nil {
-		return fmt.Sprintf("%s no-envelope broker-id=%s (%v)", id, cmp.Or(m.BrokerID, "-"), l.Err)
+		return fmt.Sprintf("%s no-envelope broker-id=%s (%v)", id, field(m.BrokerID), l.Err)
 	}
 	last := "-"
 	if !e.LastFailure.IsZero() {
