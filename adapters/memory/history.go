@@ -29,6 +29,9 @@ const (
 	// EventReleased: a source handed the message back unsettled.
 	EventReleased
 	// EventExpired: the message's lease ran out and it became visible again.
+	// Time is the lease's deadline. The broker notices the expiry at its
+	// next look at the queue (a Receive, Stats, or the wake-up of a blocked
+	// receiver), so the event can follow, in Seq, events of later times.
 	EventExpired
 	// EventCommitted: a consumer group's committed offset of Partition moved
 	// to Offset.

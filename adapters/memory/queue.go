@@ -245,7 +245,9 @@ func (q *queue) advanceLocked(now int64) {
 		rec := q.inflight.pop()
 		rec.gen.Add(1)
 		if q.b.history {
-			q.record(Event{Kind: EventExpired, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: rec.receives}, time.Unix(0, now))
+			// The lease ran out at its deadline, not when the broker
+			// noticed (the next Receive or Stats, maybe much later).
+			q.record(Event{Kind: EventExpired, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: rec.receives}, time.Unix(0, rec.leaseUntil.Load()))
 		}
 		q.makeVisibleLocked(rec)
 	}

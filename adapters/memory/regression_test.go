@@ -278,3 +278,36 @@ func TestQueueReceiveLeaseStartsWhenTaken(t *testing.T) {
 		t.Fatalf("delivered at %v, before it was published at %v", delivered, published)
 	}
 }
+
+// An expiry's history event carries the time the lease ran out, not the
+// time the broker next looked at the queue: with nobody receiving, that can
+// be much later.
+func TestQueueExpiredEventAtLeaseDeadline(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	src := tb.queue(t, "q", memory.QueueConfig{Lease: 10 * time.Second})
+	tb.publish(t, "q", msg("a", ""))
+	start := tb.clk.Now()
+	recvOne(t, src)
+	tb.clk.Advance(time.Hour)
+	if m := recvOne(t, src); m.ID != "a" || m.Attempt != 2 {
+		t.Fatalf("redelivery = %s attempt %d, want a attempt 2", m.ID, m.Attempt)
+	}
+	evs, err := tb.b.History("q")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, e := range evs {
+		if e.Kind != memory.EventExpired {
+			continue
+		}
+		found = true
+		if got := e.Time.Sub(start); got != 10*time.Second {
+			t.Fatalf("expired event at start+%v, want start+10s (the lease's deadline): %v", got, e)
+		}
+	}
+	if !found {
+		t.Fatalf("no expired event in %v", evs)
+	}
+}
