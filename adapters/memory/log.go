@@ -833,7 +833,14 @@ func (s *GroupSource) Nack(ctx context.Context, msg *ackwise.Message, delay time
 
 // DeadLetter publishes msg with the envelope added to its headers to the
 // topic's dead-letter destination (payload and headers otherwise
-// unchanged), then marks the record settled (move before ack).
+// unchanged), then marks the record settled (move before ack). When the
+// dead-letter publish fails the record stays unsettled and the error is
+// returned. When the partition is revoked or reset (a rebalance,
+// SeekGroup, Close) while the dead letter is being written, the dead letter
+// stays, the record is not marked settled and DeadLetter fails with
+// adapters.ErrReceiptInvalid: the partition's owner reads it again from the
+// committed offset, as a Kafka consumer whose partition was revoked before
+// its commit would.
 func (s *GroupSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
 	d, now, err := s.begin(ctx, msg, FaultCrashBeforeSettle)
 	if d == nil {

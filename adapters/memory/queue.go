@@ -863,7 +863,13 @@ func (s *QueueSource) Nack(ctx context.Context, msg *ackwise.Message, delay time
 // DeadLetter publishes msg to the queue's dead-letter destination with the
 // envelope added to its headers (payload and headers otherwise unchanged),
 // then deletes it (move before ack). When the dead-letter publish fails the
-// message is not deleted and the error is returned.
+// message is not deleted and the error is returned. When msg's lease runs
+// out (or msg is settled through a duplicate delivery) while the dead
+// letter is being written, the dead letter stays, the message is not
+// deleted and DeadLetter fails with adapters.ErrReceiptInvalid: the message
+// is delivered again, as on SQS when the visibility timeout runs out between
+// the send to the dead-letter queue and the delete. The queue's history then
+// shows no dead-lettering (the dead-letter destination's shows the publish).
 func (s *QueueSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
 	d, now, err := s.begin(ctx, msg, FaultCrashBeforeSettle)
 	if d == nil {
