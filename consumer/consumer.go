@@ -145,7 +145,7 @@ const maxFailedSettles = 4096
 // redelivery of a message whose settle failed (holdRedelivery).
 type waitEntry struct {
 	timer ackwise.Timer
-	ln    *lane
+	t     task
 }
 
 // New creates a consumer that runs h on the messages of src. It validates
@@ -461,7 +461,7 @@ const (
 func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed time.Duration) {
 	msg := tp.msg
 	if c.stopping.Load() || !c.src.Valid(msg) {
-		c.release(msg)
+		c.releaseTask(*tp)
 		return returned, 0
 	}
 	if msg.BrokerID == "" && tp.sum == 0 {
@@ -477,6 +477,7 @@ func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed t
 			return res, 0
 		}
 	}
+	t.retried = false // it runs: this attempt gets an outcome of its own
 	var start time.Time
 	if c.cfg.Observer != nil {
 		start = time.Now()
@@ -545,6 +546,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 		// Observe before the wait is scheduled: once it is, the message may
 		// run again on another worker.
 		c.observe(msg, Retried, elapsed)
+		t.retried = true
 		if !c.waitInPlace(t, delay, true) {
 			// Run began stopping meanwhile: hand it back, observed once,
 			// as Retried (the broker's redelivery is its retry).
@@ -651,7 +653,7 @@ func (c *Consumer) holdRedelivery(t task) (res result, ok bool) {
 		return 0, false
 	}
 	if !c.waitInPlace(t, f.notBefore.Sub(now), false) {
-		c.release(t.msg)
+		c.releaseTask(t)
 		return returned, true
 	}
 	return held, true
@@ -692,6 +694,18 @@ func (c *Consumer) release(msg *ackwise.Message) {
 	c.observe(msg, Released, 0)
 }
 
+// releaseTask releases t's message, observed as Released unless its last
+// outcome was an in-place Retried whose next attempt has not run
+// (task.retried): it is observed once, as Retried, as a message waiting at
+// the broker is.
+func (c *Consumer) releaseTask(t task) {
+	if t.retried {
+		_ = c.src.Release(context.Background(), t.msg)
+		return
+	}
+	c.release(t.msg)
+}
+
 // waitInPlace schedules t's message to run again after delay. The message
 // stays in flight and its lane stays held. retry says the wait is for a
 // retry, which runs at the next attempt (a held redelivery runs at the
@@ -706,7 +720,7 @@ func (c *Consumer) waitInPlace(t task, delay time.Duration, retry bool) bool {
 	if c.waiting == nil {
 		c.waiting = make(map[*ackwise.Message]waitEntry)
 	}
-	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t, retry) }), ln: t.ln}
+	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t, retry) }), t: t}
 	return true
 }
 
@@ -734,7 +748,7 @@ func (c *Consumer) stop() {
 	for msg, w := range c.waiting {
 		if w.timer.Stop() {
 			delete(c.waiting, msg)
-			c.queueLocked(task{msg: msg, ln: w.ln}) // a worker releases it, finishing its lane
+			c.queueLocked(w.t) // a worker releases it, finishing its lane
 		}
 	}
 	if b := c.breaker; b != nil {

@@ -91,10 +91,16 @@ func (ln *lane) push(m *ackwise.Message) {
 // without a broker ID as it was received (see msgID), taken by process
 // before its first run, so that what a handler changes in the message does
 // not change its identity; 0 until then.
+//
+// retried says the message's last outcome was an in-place Retried and its
+// next attempt has not run yet: handed back to the broker before it runs
+// (the drain, a lost receipt), it is not observed again, since the
+// broker's redelivery is its retry.
 type task struct {
-	msg *ackwise.Message
-	ln  *lane
-	sum uint64
+	msg     *ackwise.Message
+	ln      *lane
+	sum     uint64
+	retried bool
 }
 
 // chunk is a batch of tasks for one worker. Its tasks are of different
@@ -720,7 +726,7 @@ func (c *Consumer) heartbeatHoldsLocked(msg *ackwise.Message) bool {
 // releaseLane releases t's message and every message behind it in its lane.
 func (c *Consumer) releaseLane(t task) {
 	for ok := true; ok; t, ok = c.finishOne(t) {
-		c.release(t.msg)
+		c.releaseTask(t)
 	}
 }
 

@@ -23,6 +23,9 @@ const (
 	// Released: the message was handed back unsettled (shutdown, including
 	// messages the open breaker held; a lost receipt; queued in its lane
 	// behind a message of its key that went back to the broker unsettled).
+	// A message whose in-place retry was observed as Retried and which is
+	// handed back before its next attempt runs is not observed again: the
+	// broker's redelivery is its retry, as for a retry at the broker.
 	Released
 	// SettleFailed: the broker refused the settle call; it will redeliver.
 	SettleFailed
