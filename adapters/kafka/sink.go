@@ -18,10 +18,11 @@ import (
 // with a key go to the partition of the key (murmur2, as the Java client
 // does); records without one are spread. Publish may be called concurrently.
 type Sink struct {
-	cfg    Config
-	cl     *kgo.Client
-	mu     sync.RWMutex
-	closed bool
+	cfg     Config
+	cl      *kgo.Client
+	mu      sync.RWMutex // guards closed, held only to read or set it
+	closed  bool
+	closeMu sync.Mutex // serializes Close: a second Close waits for the first
 
 	closeFlushTimeout time.Duration // how long Close flushes; tests shorten it
 }
@@ -99,17 +100,17 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		r.Headers = recordHeaders(m)
 		recs[i] = r
 	}
-	// The read lock covers handing the records to the client, not the wait
-	// for their confirms: Close flushes them (boundedly) and closes the
-	// client, which fails what is still unconfirmed, so this wait ends.
-	s.mu.RLock()
-	if s.closed {
-		s.mu.RUnlock()
+	// No lock is held while the records are handed to the client: Produce
+	// blocks while the client's buffer is full (kgo.MaxBufferedRecords),
+	// which, with the broker gone, lasts until the client is closed, and
+	// Close must still get to close it. Close flushes (boundedly) and
+	// closes the client, which fails what is still unconfirmed, a record
+	// waiting for room in the buffer, and a record handed to it afterwards
+	// (ErrClientClosed), so this wait ends.
+	if s.isClosed() {
 		return adapters.ErrClosed
 	}
-	wait := produceAll(ctx, s.cl, recs, func(err error) error { return produceError(s.cfg.Topic, err) })
-	s.mu.RUnlock()
-	return wait()
+	return produceConfirmed(ctx, s.cl, recs, func(err error) error { return produceError(s.cfg.Topic, err) })
 }
 
 func (s *Sink) isClosed() bool {
@@ -125,12 +126,6 @@ func (s *Sink) isClosed() bool {
 // long as the broker is unreachable. The records may still be written after
 // ctx ended (a duplicate, if the caller produces them again).
 func produceConfirmed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, wrap func(error) error) error {
-	return produceAll(ctx, cl, recs, wrap)()
-}
-
-// produceAll hands recs to the client and returns the wait for their
-// confirms (produceConfirmed's result).
-func produceAll(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, wrap func(error) error) (wait func() error) {
 	var (
 		mu   sync.Mutex
 		errs []error
@@ -152,22 +147,20 @@ func produceAll(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, wrap fu
 			wg.Done()
 		})
 	}
-	return func() error {
-		done := make(chan struct{})
-		go func() { wg.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-ctx.Done():
-			err := fmt.Errorf("not confirmed: %w", ctx.Err())
-			if wrap != nil {
-				err = wrap(err)
-			}
-			return err
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err := fmt.Errorf("not confirmed: %w", ctx.Err())
+		if wrap != nil {
+			err = wrap(err)
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		return errors.Join(errs...)
+		return err
 	}
+	mu.Lock()
+	defer mu.Unlock()
+	return errors.Join(errs...)
 }
 
 // recordHeaders converts m's headers. When m.ID is set it is the event ID
@@ -199,12 +192,15 @@ func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 // client; records still unconfirmed then fail, and the Publish calls waiting
 // for them return their error. It is idempotent.
 func (s *Sink) Close() error {
+	s.closeMu.Lock()
+	defer s.closeMu.Unlock()
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	was := s.closed
+	s.closed = true
+	s.mu.Unlock()
+	if was {
 		return nil
 	}
-	s.closed = true
 	ctx, cancel := context.WithTimeout(context.Background(), s.closeFlushTimeout)
 	defer cancel()
 	err := s.cl.Flush(ctx)
