@@ -70,10 +70,13 @@ func RedactURL(u *url.URL) string {
 // MisplacedUserInfo reports whether u most likely had its user info cut
 // short by an unescaped '/', '?' or '#' in the password, which url.Parse
 // then put in the opaque part, path, query or fragment: an '@' in the
-// opaque part, or one after the host of a URL without user info. An
-// adapter refuses such a URL, before it dials it, without showing it.
+// opaque part, or one after the host, with or without user info (a
+// password with an unescaped '@' before the '/', '?' or '#' leaves user
+// info behind, its start, and the part up to the '/', '?' or '#' in the
+// host). An adapter refuses such a URL, before it dials it, without
+// showing it: a literal '@' after the host is written %40.
 func MisplacedUserInfo(u *url.URL) bool {
-	return strings.Contains(u.Opaque, "@") || u.User == nil && atAfterHost(u)
+	return strings.Contains(u.Opaque, "@") || atAfterHost(u)
 }
 
 // atAfterHost reports whether u's path, query or fragment holds an '@'.

@@ -30,3 +30,24 @@ func TestURLMisplacedPasswordNotShown(t *testing.T) {
 		}
 	}
 }
+
+// A password holding an unescaped '@' and then a '?' or '#' leaves user
+// info behind (the part before its '@'), so the URL has user info and an
+// '@' in its query or fragment, where the rest of the password is: refused,
+// and the error shows none of it (before, an unknown parameter named by it
+// was quoted).
+func TestURLWithUserAndAtAfterHostNotShown(t *testing.T) {
+	for _, raw := range []string{
+		"kafka://alice:S3CR@hunter:9092/orders?two@h1:9092/orders&sasl=plain",
+		"kafka://alice:S3CR@hunter:9092/orders?sasl=plain#two@h1:9092/orders",
+	} {
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		_, err = ParseURL(u)
+		if err == nil || strings.Contains(err.Error(), "two") {
+			t.Errorf("%s: %v", raw, err)
+		}
+	}
+}

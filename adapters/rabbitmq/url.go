@@ -316,10 +316,11 @@ func parseURL(u *url.URL) (parsedURL, error) {
 	return p, nil
 }
 
-// misplacedPassword refuses a URL with no user info but an '@' further on:
-// the user info most likely ended early at an unescaped '/', '?' or '#' in
-// the password, which is now in the path, query or fragment (the host may
-// hold its start). Do not echo any of it, nor dial it.
+// misplacedPassword refuses a URL with an '@' after its host
+// (adapters.MisplacedUserInfo): the user info most likely ended early at an
+// unescaped '/', '?' or '#' in the password, which is now in the path, query
+// or fragment (the host, or the user info, may hold its start). Do not echo
+// any of it, nor dial it.
 func misplacedPassword(u *url.URL) error {
 	if adapters.MisplacedUserInfo(u) {
 		return errors.New("rabbitmq: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it, and a literal '@' as %40)")
