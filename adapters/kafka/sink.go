@@ -77,9 +77,10 @@ func weakerProduce(cl *kgo.Client) error {
 // Client returns the franz-go client behind the sink.
 func (s *Sink) Client() *kgo.Client { return s.cl }
 
-// Publish produces msgs and returns once the broker acknowledged each with
-// acks=all, or with the first error (every failed record is reported,
-// joined). Header ackwise-event-id is set from Message.ID, replacing any the
+// Publish produces msgs and returns once the broker acknowledged (acks=all)
+// or refused each: nil when it acknowledged all, else the errors of the
+// failed records joined (the first ten; the others may have been produced),
+// or ctx's error if it ended first. Header ackwise-event-id is set from Message.ID, replacing any the
 // message carries; a message without an ID keeps its headers as they are.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if len(msgs) == 0 {
