@@ -45,6 +45,14 @@ func TestInPlaceWaitAtStopObservedOnce(t *testing.T) {
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+	requireRetriedOnce(t, c, obs, src)
+}
+
+// requireRetriedOnce checks, after Run returned, that the one message of src
+// was observed once, as Retried, and released once, back to the broker,
+// with nothing left in flight.
+func requireRetriedOnce(t *testing.T, c *consumer.Consumer, obs *outcomeLog, src *fakeSource) {
+	t.Helper()
 	s := c.Stats()
 	obs.mu.Lock()
 	defer obs.mu.Unlock()

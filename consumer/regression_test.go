@@ -414,15 +414,5 @@ func TestRetryRefusedAtStopObservedOnce(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	s := c.Stats()
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	if len(obs.all) != 1 || obs.all[0] != consumer.Retried || s.Retried != 1 || s.Released != 0 {
-		t.Errorf("outcomes observed %v, stats Retried %d Released %d: want Retried once, nothing else", obs.all, s.Retried, s.Released)
-	}
-	src.mu.Lock()
-	defer src.mu.Unlock()
-	if len(src.released) != 1 {
-		t.Errorf("the message was released %d times: want once, back to the broker", len(src.released))
-	}
+	requireRetriedOnce(t, c, obs, src)
 }
