@@ -19,8 +19,13 @@ type RecoverConfig struct {
 	// a handler that panics on a message will most likely panic on it again,
 	// so the message goes to the dead-letter destination at once. Pass
 	// func(err error) error { return err } to retry panics as transient
-	// failures. A Mark that returns nil is ignored (the unmarked, transient
-	// *PanicError is returned): a panic never becomes a success.
+	// failures. A Mark that returns nil is ignored (the unmarked
+	// *PanicError is returned): a panic never becomes a success. The
+	// *PanicError unwraps to the panic value when that is an error, so a
+	// Mark that adds no class of its own (the identity above, or nil) leaves
+	// the class of such a value in force: a panic(ackwise.Discard(err)) is
+	// then discarded, not retried. Pass a Mark that classifies explicitly
+	// where handlers may panic with classified errors.
 	Mark func(err error) error
 	// MaxStack bounds the bytes of stack trace kept in the error (and so in
 	// its text, which travels in the ackwise-dlq-error header). Zero means
