@@ -10,7 +10,9 @@ import (
 )
 
 // ErrTimeout is wrapped by the error [Timeout] returns when the handler ran
-// out of its time. Such a failure is transient: the message is retried.
+// out of its time. Such a failure is transient (the message is retried)
+// unless the handler's own error carries a class (ackwise.Permanent, say),
+// which it keeps.
 var ErrTimeout = errors.New("middleware: handler timed out")
 
 // Timeout returns middleware that gives each handler call a context with a
