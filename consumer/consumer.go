@@ -87,8 +87,12 @@ type Consumer struct {
 	// lock and a lookup.
 	failedSettles  map[msgID]failedSettle
 	nFailedSettles atomic.Int32
-	failedSwept    time.Time    // when failedSettles was last swept (sweepFailedLocked)
-	seed           maphash.Seed // for the identity of messages without a broker ID (idOf)
+	failedSwept    time.Time // when failedSettles was last swept (sweepFailedLocked)
+	// laneReturns counts the messages of lanes that went back to the broker
+	// unsettled (lane.returnedAt); written under mu, read by the receive
+	// loop without it.
+	laneReturns atomic.Uint64
+	seed        maphash.Seed // for the identity of messages without a broker ID (idOf)
 }
 
 // msgID identifies a message across its redeliveries: its source and
@@ -372,11 +376,12 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		if free == 0 {
 			return nil
 		}
+		epoch := c.laneReturns.Load()
 		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
 		if n > 0 {
 			errBackoff = 0
 			c.stats.received.Add(uint64(n))
-			c.dispatch(buf[:n], w)
+			c.dispatch(buf[:n], w, epoch)
 			forget(c, buf[:n])
 		} else if err == nil && ctx.Err() == nil {
 			// The contract says Receive blocks for at least one message;

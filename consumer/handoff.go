@@ -69,6 +69,13 @@ type lane struct {
 	queue []*ackwise.Message
 	head  int
 	busy  bool // a message of the lane is in flight and not finished
+	// returnedAt is Consumer.laneReturns when a message of the lane last
+	// went back to the broker unsettled (0: never), and returned that
+	// message's identity. Another message received before that, but
+	// dispatched after, would overtake its redelivery: dispatch releases
+	// it too (see dispatch).
+	returnedAt uint64
+	returned   msgID
 }
 
 // push queues m behind the lane's message in flight. A lane that stays busy
@@ -209,11 +216,19 @@ func monotime() time.Duration { return time.Since(epoch) }
 // dispatch queues received messages behind their lane and runs the ready
 // ones inline or hands them to the workers, in chunks sent after the lock
 // is released. w is the receive loop's worker state, for inline runs.
-func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
+//
+// epoch is c.laneReturns as the Receive that returned msgs began: a message
+// whose lane had a message go back to the broker since then may have been
+// received before that release, and would run ahead of the redelivery of
+// the message it follows. Unless it is that redelivery, it is released too,
+// unrun, and the broker redelivers it after that message (lanes dropped at
+// laneLimit forget this; see newLaneLocked).
+func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
 	now := time.Time{}
 	if c.heartbeat {
 		now = c.clock.Now()
 	}
+	var late []*ackwise.Message
 	c.mu.Lock()
 	if c.stopping.Load() {
 		// Received as Run was stopping: they were never in flight.
@@ -235,10 +250,18 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 		if m.Attempt < 1 {
 			m.Attempt = 1
 		}
+		ln := c.laneOf(m)
+		if ln != nil && ln.returnedAt > epoch {
+			if c.idOf(task{msg: m}) != ln.returned {
+				c.inflight--
+				late = append(late, m)
+				continue
+			}
+			ln.returnedAt = 0 // the redelivery itself: it runs first
+		}
 		if c.heartbeat {
 			c.leases[m] = now
 		}
-		ln := c.laneOf(m)
 		if ln != nil {
 			if ln.busy {
 				ln.push(m)
@@ -248,10 +271,14 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 		}
 		all.tasks = append(all.tasks, task{msg: m, ln: ln})
 	}
+	if len(late) > 0 {
+		c.finishedLocked() // their in-flight slots are free
+	}
 	if len(all.tasks) > 0 && c.pace.mode.Load() == modeInline {
 		select {
 		case c.slots <- struct{}{}:
 			c.mu.Unlock()
+			c.releaseLate(late)
 			for ch := all; ch != nil; {
 				ch = c.runChunk(c.handlerCtx, w, ch)
 			}
@@ -264,6 +291,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 	c.splitLocked(all.tasks, func(ch *chunk) { chunks = append(chunks, ch) })
 	c.recycleLocked(all)
 	c.mu.Unlock()
+	c.releaseLate(late)
 	// The work queue has room for MaxInFlight chunks and every chunk holds
 	// an in-flight message: these sends never block.
 	for _, ch := range chunks {
@@ -271,6 +299,20 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState) {
 	}
 	clear(chunks) // pooled chunks, but few: one per worker at most
 	c.dispatchBuf = chunks
+}
+
+// releaseLate hands back the messages dispatch found late (see dispatch),
+// never run, and recycles them.
+func (c *Consumer) releaseLate(late []*ackwise.Message) {
+	if len(late) == 0 {
+		return
+	}
+	for _, m := range late {
+		c.release(m)
+	}
+	if c.recycler != nil {
+		c.recycler.Recycle(late...)
+	}
 }
 
 // chunkSize is the number of tasks per chunk when n are ready: one when
@@ -381,6 +423,7 @@ func (c *Consumer) newLaneLocked() *lane {
 		ln := c.freeLanes[n-1]
 		c.freeLanes[n-1] = nil
 		c.freeLanes = c.freeLanes[:n-1]
+		ln.returnedAt = 0 // another key's
 		return ln
 	}
 	return &lane{}
@@ -568,6 +611,9 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 		for _, r := range w.ran {
 			if c.recycler != nil && !c.heartbeatHoldsLocked(r.msg) {
 				w.done = append(w.done, r.msg)
+			}
+			if r.res == returned && r.ln != nil {
+				r.ln.returnedAt, r.ln.returned = c.laneReturns.Add(1), c.idOf(r.task)
 			}
 			if nt, ok := c.finishLocked(r.task); ok {
 				if r.res == returned {
