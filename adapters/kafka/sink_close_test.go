@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
@@ -37,28 +36,12 @@ func TestSinkCloseBounded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			c, err := kfake.NewCluster(kfake.NumBrokers(1))
-			if err != nil {
-				t.Fatal(err)
-			}
 			buffered := make(chan struct{}, 3)
-			cfg := Config{Brokers: c.ListenAddrs(), Topic: uniq("t"), Options: append([]kgo.Opt{kgo.WithHooks(bufferedHook(buffered))}, tc.opts...)}
+			sink := sinkBrokerGone(t, append([]kgo.Opt{kgo.WithHooks(bufferedHook(buffered))}, tc.opts...)...)
+			<-buffered // "a"
+			sink.closeFlushTimeout = 100 * time.Millisecond
 			ctx0, cancel0 := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel0()
-			if err := CreateTopics(ctx0, cfg, 1, 1); err != nil {
-				t.Fatal(err)
-			}
-			sink, err := NewSink(ctx0, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(sink.Client().Close) // unblocks a Publish and a Close the bug left hanging
-			sink.closeFlushTimeout = 100 * time.Millisecond
-			if err := sink.Publish(ctx0, &ackwise.Message{ID: "a", Payload: []byte("x")}); err != nil {
-				t.Fatal(err)
-			}
-			<-buffered
-			c.Close()
 
 			published := make(chan error, 1)
 			go func() { published <- sink.Publish(context.Background(), tc.msgs...) }()

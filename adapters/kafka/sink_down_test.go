@@ -18,25 +18,7 @@ import (
 // writes), whatever ctx said: a redrive into a target that went down hung.
 func TestSinkPublishReturnsWhenBrokerDown(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := Config{Brokers: c.ListenAddrs(), Topic: uniq("t")}
-	ctx0, cancel0 := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel0()
-	if err := CreateTopics(ctx0, cfg, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	sink, err := NewSink(ctx0, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sink.Client().Close) // not sink.Close: it waits up to 30s to flush to a broker that is gone
-	if err := sink.Publish(ctx0, &ackwise.Message{ID: "a", Payload: []byte("x")}); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
+	sink := sinkBrokerGone(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	done := make(chan error, 1)
@@ -49,6 +31,34 @@ func TestSinkPublishReturnsWhenBrokerDown(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Publish to a broker that is gone, with a 1s context, still blocked after 20s")
 	}
+}
+
+// sinkBrokerGone opens a sink with opts on a kfake broker of its own,
+// publishes one record ("a"), and stops the broker. The sink's client is
+// closed when the test ends (not the sink: its Close waits to flush to a
+// broker that is gone).
+func sinkBrokerGone(t *testing.T, opts ...kgo.Opt) *Sink {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Brokers: c.ListenAddrs(), Topic: uniq("t"), Options: opts}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := CreateTopics(ctx, cfg, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	sink, err := NewSink(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sink.Client().Close) // also unblocks a Publish or a Close a bug left hanging
+	if err := sink.Publish(ctx, &ackwise.Message{ID: "a", Payload: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	return sink
 }
 
 // TestSinkRefusesWeakerOptions: Config.Options are applied after the sink's
