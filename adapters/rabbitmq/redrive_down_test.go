@@ -27,7 +27,7 @@ func TestRedriveTargetDownEndsTheRun(t *testing.T) {
 	declare(t, cfg)
 	dlqName := cfg.Queue + ".dlq"
 	target := cfg.Queue + ".target"
-	redriveTarget(t, c, target)
+	plainQueue(t, c, target)
 	const n = 3
 	for i := range n {
 		h := dlq.Envelope{Reason: dlq.ReasonPermanent, Error: "boom", ErrorClass: "permanent", Source: cfg.Queue, Partition: -1, Offset: -1, Attempts: 1}.Apply(nil)

@@ -24,11 +24,12 @@ func redriveSetup(t *testing.T) (*amqp.Connection, Config, *Source, string) {
 	cfg := testConfig(t, Classic, 50*time.Millisecond)
 	declare(t, cfg)
 	target := cfg.Queue + ".target"
-	redriveTarget(t, c, target)
+	plainQueue(t, c, target)
 	return c, cfg, newSource(t, cfg), target
 }
 
-func redriveTarget(t *testing.T, c *amqp.Connection, name string) {
+// plainQueue declares a durable queue name, deleted when the test ends.
+func plainQueue(t *testing.T, c *amqp.Connection, name string) {
 	t.Helper()
 	if err := withChannel(c, func(ch *amqp.Channel) error {
 		_, err := ch.QueueDeclare(name, true, false, false, false, nil)

@@ -4,8 +4,6 @@ import (
 	"slices"
 	"testing"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
 	"github.com/ackwise/ackwise"
 )
 
@@ -23,18 +21,7 @@ func TestSinkCCAndBCCRoute(t *testing.T) {
 	declare(t, cfg)
 	extra := []string{cfg.Queue + "-cc1", cfg.Queue + "-cc2", cfg.Queue + "-bcc"}
 	for _, q := range extra {
-		if err := withChannel(c, func(ch *amqp.Channel) error {
-			_, err := ch.QueueDeclare(q, false, false, false, false, nil)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = withChannel(c, func(ch *amqp.Channel) error {
-				_, err := ch.QueueDelete(q, false, false, false)
-				return err
-			})
-		})
+		plainQueue(t, c, q)
 	}
 	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
 	h := ackwise.HeadersOf("CC", extra[0], "x-tenant", "acme")
