@@ -553,9 +553,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 		c.observe(msg, Retried, elapsed)
 		t.retried = true
 		if !c.waitInPlace(t, delay, true) {
-			// Run began stopping meanwhile: hand it back, observed once,
-			// as Retried (the broker's redelivery is its retry).
-			_ = c.src.Release(context.Background(), msg)
+			c.releaseTask(t) // Run began stopping meanwhile: observed once, as Retried
 			return returned
 		}
 		return held

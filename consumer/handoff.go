@@ -681,16 +681,16 @@ func (c *Consumer) ackRan(w *workerState) {
 		if r.res != succeeded {
 			continue
 		}
-		switch {
-		case errs[i] != nil:
+		if errs[i] != nil {
 			failed = true
 			r.res = c.settle(r.task, Acked, r.elapsed, errs[i])
-		case c.cfg.Observer == nil:
+		} else {
 			c.settledOK(r.task)
-			acked++ // counted at once below
-		default:
-			c.settledOK(r.task)
-			c.observe(r.msg, Acked, r.elapsed)
+			if c.cfg.Observer == nil {
+				acked++ // counted at once below
+			} else {
+				c.observe(r.msg, Acked, r.elapsed)
+			}
 		}
 		i++
 	}
