@@ -49,15 +49,23 @@ func toTable(h ackwise.Headers, orig amqp.Table, extra int) amqp.Table {
 			t[kv.Key] = append(keys, kv.Value)
 			continue
 		}
-		if ov, ok := orig[kv.Key]; ok {
-			if s, ok := scalarString(ov); ok && s == kv.Value {
-				t[kv.Key] = ov
-				continue
-			}
-		}
-		t[kv.Key] = kv.Value
+		t[kv.Key] = wireValue(orig, kv.Key, kv.Value)
 	}
 	return t
+}
+
+// wireValue is the value to send for header key with string value v: orig's
+// value of key when it reads as v (its wire type kept: an int header stays
+// an int), else v. Compare with the delivery's table, not with the one
+// being built: of a repeated key the last value wins, and an earlier one
+// may have been written already.
+func wireValue(orig amqp.Table, key, v string) any {
+	if ov, ok := orig[key]; ok {
+		if s, ok := scalarString(ov); ok && s == v {
+			return ov
+		}
+	}
+	return v
 }
 
 // isDeathHeader reports whether key is one of RabbitMQ's summaries of a
@@ -198,17 +206,11 @@ func moveTable(orig amqp.Table, h ackwise.Headers, dropPrefix string) amqp.Table
 		t[k] = v
 	}
 	for _, kv := range h {
-		// Keep the wire type of values the message did not change (an int
-		// header stays an int). Compare with the delivery's value, not with
-		// t's: of a repeated key the last value wins, and an earlier one
-		// may have overwritten t's already.
-		if ov, ok := orig[kv.Key]; ok && (dropPrefix == "" || !strings.HasPrefix(kv.Key, dropPrefix)) {
-			if s, ok := scalarString(ov); ok && s == kv.Value {
-				t[kv.Key] = ov
-				continue
-			}
+		if dropPrefix != "" && strings.HasPrefix(kv.Key, dropPrefix) {
+			t[kv.Key] = kv.Value // the message's own, not the delivery's
+			continue
 		}
-		t[kv.Key] = kv.Value
+		t[kv.Key] = wireValue(orig, kv.Key, kv.Value)
 	}
 	delete(t, headerDeliveryCount)
 	delete(t, headerCC)
