@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
+	"os"
 	"runtime"
 	"strconv"
 	"sync"
@@ -27,8 +28,11 @@ import (
 	"github.com/ackwise/ackwise/consumer"
 )
 
-// Kafka benchmarks run against an in-process kfake broker: they compare
-// clients on the same broker, they do not measure Kafka.
+// Kafka benchmarks run against a kfake broker, one per variant: they compare
+// clients on the same broker, they do not measure Kafka. The broker runs in
+// the benchmark's process, or with ACKWISE_BENCH_KFAKE=process in a process
+// of its own (see kfakeProcess), where neither its CPU nor its garbage counts
+// against the client.
 //
 //	go test -run '^$' -bench 'KafkaConsumeCommit' -benchtime 1000000x -count 1 .
 //	go test -run '^$' -bench 'KafkaKeyParallel' -benchtime 1x -count 2 -timeout 20m .
@@ -41,6 +45,9 @@ const (
 
 func kafkaCluster(b *testing.B) []string {
 	b.Helper()
+	if os.Getenv("ACKWISE_BENCH_KFAKE") == "process" {
+		return kfakeProcess(b)
+	}
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		b.Fatal(err)
@@ -164,9 +171,9 @@ func kafkaFilledTopic(b *testing.B, prefix string, p kafkaPayload) (brokers []st
 	return brokers, topic
 }
 
-// cpuNow is the CPU time (user and system) this process used so far. The
-// broker runs in the process too, so it is the CPU one record costs the
-// client and the broker together.
+// cpuNow is the CPU time (user and system) this process used so far. When
+// the broker runs in the process (the default), it is the CPU one record
+// costs the client and the broker together.
 func cpuNow() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
