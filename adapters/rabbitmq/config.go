@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -12,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/retry"
 )
 
@@ -184,6 +186,77 @@ type SinkConfig struct {
 	ReconnectInitialInterval time.Duration
 	ReconnectMaxInterval     time.Duration
 	Logger                   *slog.Logger
+}
+
+// A Config or SinkConfig printed (fmt's verbs, log/slog, encoding/json)
+// shows its URL without the password: String, GoString, LogValue and
+// MarshalJSON give the fields with the URL as redactedURL gives it. So a
+// Config marshalled to JSON does not unmarshal to a working one.
+
+// String formats c as %+v formats its fields.
+func (c Config) String() string { return fmt.Sprintf("%+v", c.redacted()) }
+
+// GoString formats c as %#v formats its fields.
+func (c Config) GoString() string { return goString(c.redacted(), "Config") }
+
+// LogValue is what log/slog logs for c.
+func (c Config) LogValue() slog.Value { return slog.AnyValue(c.redacted()) }
+
+// MarshalJSON marshals c's fields.
+func (c Config) MarshalJSON() ([]byte, error) { return json.Marshal(c.redacted()) }
+
+// configFields is Config without its methods.
+type configFields Config
+
+func (c Config) redacted() configFields {
+	f := configFields(c)
+	f.URL = redactedURL(c.URL)
+	return f
+}
+
+// String formats c as %+v formats its fields.
+func (c SinkConfig) String() string { return fmt.Sprintf("%+v", c.redacted()) }
+
+// GoString formats c as %#v formats its fields.
+func (c SinkConfig) GoString() string { return goString(c.redacted(), "SinkConfig") }
+
+// LogValue is what log/slog logs for c.
+func (c SinkConfig) LogValue() slog.Value { return slog.AnyValue(c.redacted()) }
+
+// MarshalJSON marshals c's fields.
+func (c SinkConfig) MarshalJSON() ([]byte, error) { return json.Marshal(c.redacted()) }
+
+// sinkConfigFields is SinkConfig without its methods.
+type sinkConfigFields SinkConfig
+
+func (c SinkConfig) redacted() sinkConfigFields {
+	f := sinkConfigFields(c)
+	f.URL = redactedURL(c.URL)
+	return f
+}
+
+// goString is %#v of fields, a configFields or sinkConfigFields, named as
+// the exported type name.
+func goString(fields any, name string) string {
+	s := fmt.Sprintf("%#v", fields)
+	if i := strings.IndexByte(s, '{'); i >= 0 {
+		s = "rabbitmq." + name + s[i:]
+	}
+	return s
+}
+
+// redactedURL is raw with its password replaced by "xxxxx", or a
+// placeholder when raw cannot be shown safely: a URL that does not parse,
+// or holds '@' after its host, may hold a password anywhere.
+func redactedURL(raw string) string {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil:
+		return "(malformed URL, not shown)"
+	case adapters.MisplacedUserInfo(u):
+		return "(URL with '@' after its host, not shown)"
+	}
+	return u.Redacted()
 }
 
 // conn holds what every connection of a source or sink shares.

@@ -192,5 +192,7 @@
 //
 // Receive is called from one goroutine at a time; Ack, Nack, DeadLetter,
 // Release, ExtendLease and Valid may be called concurrently from many, as may
-// Sink.Publish. Passwords never appear in logs or errors.
+// Sink.Publish. Passwords never appear in logs or errors, nor where a Config
+// or SinkConfig is printed (fmt, log/slog, encoding/json show its URL
+// without the password).
 package rabbitmq
