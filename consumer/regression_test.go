@@ -14,7 +14,9 @@ import (
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/memory"
+	"github.com/ackwise/ackwise/adapters/memory/memorytest"
 	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/dlq"
 	"github.com/ackwise/ackwise/retry"
 )
 
@@ -415,4 +417,50 @@ func TestRetryRefusedAtStopObservedOnce(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	requireRetriedOnce(t, c, obs, src)
+}
+
+// typedNilError's Error dereferences its receiver.
+type typedNilError struct{ text string }
+
+func (e *typedNilError) Error() string { return e.text }
+
+// TestPermanentTypedNilIsDeadLettered: a handler returns
+// ackwise.Permanent of a typed nil *typedNilError (the classic Go slip).
+// The error is not nil and its text panics; the engine, building the dead
+// letter's error header, must not crash the process (and every consumer the
+// message is redelivered to) but dead-letter the message.
+func TestPermanentTypedNilIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	br, _ := memorytest.NewBroker(t)
+	q := memorytest.UniqueName(t)
+	if err := br.CreateQueue(q, memory.QueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := br.QueueSource(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		var e *typedNilError
+		return ackwise.Permanent(e)
+	})
+	c, err := consumer.New(src, h, consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	memorytest.Publish(t, br, q, memorytest.Msg("m", "k", "x"))
+	memorytest.WaitFor(t, br, q, "m dead-lettered", func(evs []memory.Event) bool {
+		for _, e := range evs {
+			if e.Kind == memory.EventDeadLettered && e.ID == "m" {
+				return true
+			}
+		}
+		return false
+	})
+	memorytest.RequireDeadLettered(t, br, q, "m", dlq.ReasonPermanent)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
 }

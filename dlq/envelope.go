@@ -83,7 +83,11 @@ func New(msg *ackwise.Message, reason Reason, err error, class ackwise.Class, no
 	}
 	text := ""
 	if err != nil {
-		text = err.Error()
+		// Through fmt, which recovers a panic in Error (a typed nil
+		// *MyError the handler returned, wrapped by ackwise.Permanent):
+		// called directly, that panic would crash the consumer on the
+		// engine's goroutine, and again on every redelivery.
+		text = fmt.Sprint(err)
 	}
 	return Envelope{
 		Reason:          reason,

@@ -115,3 +115,19 @@ func TestApplyLeavesOutCredentials(t *testing.T) {
 		t.Errorf("no envelope: %v", err)
 	}
 }
+
+// nilPtrError's Error dereferences its receiver, as most do: a typed nil
+// *nilPtrError returned as an error panics when its text is asked for.
+type nilPtrError struct{ text string }
+
+func (e *nilPtrError) Error() string { return e.text }
+
+func TestNewSurvivesErrorTextThatPanics(t *testing.T) {
+	t.Parallel()
+	var typedNil *nilPtrError
+	err := ackwise.Permanent(typedNil) // not nil: an interface holding a nil pointer
+	env := dlq.New(&ackwise.Message{Attempt: 1}, dlq.ReasonPermanent, err, ackwise.ClassPermanent, time.Now(), "c", "")
+	if !strings.Contains(env.Error, "PANIC") {
+		t.Fatalf("Error = %q: want the text fmt gives an Error method that panicked", env.Error)
+	}
+}
