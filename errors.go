@@ -91,9 +91,13 @@ func Discard(err error) error {
 	return &classified{err: err, class: ClassDiscard}
 }
 
-// ClassOf returns the class of err: the outermost class mark found through
-// %w wrapping (errors.As), else ClassTransient. A nil error has no class and
-// returns ClassTransient; callers check for nil first.
+// ClassOf returns the class of err: the first class mark errors.As finds,
+// else ClassTransient. errors.As walks the tree depth first, so through a
+// chain of %w the outermost mark wins, but of an errors.Join (or a
+// fmt.Errorf with several %w) the first operand carrying a mark anywhere
+// inside wins, whatever the others: errors.Join(Discard(a), b) is discarded
+// even though b alone would be retried. A nil error has no class and returns
+// ClassTransient; callers check for nil first.
 func ClassOf(err error) Class {
 	var c *classified
 	if errors.As(err, &c) {
@@ -127,7 +131,8 @@ type Classification struct {
 type Classifier func(err error) (c Classification, ok bool)
 
 // Classify classifies err: the class marks set with [Permanent], [RetryAfter]
-// or [Discard] win, then each classifier in order, then ClassTransient.
+// or [Discard] win (the first one found, as with [ClassOf]), then each
+// classifier in order, then ClassTransient.
 func Classify(err error, classifiers ...Classifier) Classification {
 	var c *classified
 	if errors.As(err, &c) {

@@ -30,6 +30,9 @@ func TestClassSurvivesWrapping(t *testing.T) {
 		{"twice wrapped retry-after", fmt.Errorf("a: %w", fmt.Errorf("b: %w", ackwise.RetryAfter(base, time.Minute))), ackwise.ClassRateLimited, time.Minute},
 		{"discard", ackwise.Discard(base), ackwise.ClassDiscard, 0},
 		{"joined", errors.Join(errors.New("x"), ackwise.Permanent(base)), ackwise.ClassPermanent, 0},
+		// The first operand with a mark wins, however deep (ClassOf's doc).
+		{"joined discard first", errors.Join(ackwise.Discard(base), errors.New("db down")), ackwise.ClassDiscard, 0},
+		{"joined deep mark first", errors.Join(fmt.Errorf("a: %w", ackwise.Permanent(base)), ackwise.Discard(errors.New("x"))), ackwise.ClassPermanent, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
