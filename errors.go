@@ -73,7 +73,9 @@ func Permanent(err error) error {
 // RetryAfter marks err as rate-limited: the message is retried after d
 // instead of the retry policy's backoff (an HTTP 429 with Retry-After). The
 // attempt still counts toward the policy's maximum. A d of zero or less uses
-// the policy's backoff. RetryAfter(nil, d) is nil.
+// the policy's backoff. The policy's MaxInterval does not cap d; a retry
+// through the broker waits at most the source's Capabilities.MaxDelay.
+// RetryAfter(nil, d) is nil.
 func RetryAfter(err error, d time.Duration) error {
 	if err == nil {
 		return nil
