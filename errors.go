@@ -93,26 +93,57 @@ func Discard(err error) error {
 	return &classified{err: err, class: ClassDiscard}
 }
 
-// ClassOf returns the class of err: the first class mark errors.As finds,
-// else ClassTransient. errors.As walks the tree depth first, so through a
-// chain of %w the outermost mark wins, but of an errors.Join (or a
-// fmt.Errorf with several %w) the first operand carrying a mark anywhere
-// inside wins, whatever the others: errors.Join(Discard(a), b) is discarded
-// even though b alone would be retried. A nil error has no class and returns
-// ClassTransient; callers check for nil first.
+// ClassOf returns the class of err: the class mark found through %w
+// wrapping, else ClassTransient. Through a chain of %w the outermost mark
+// wins. Of an errors.Join (or a fmt.Errorf with several %w) the first
+// operand carrying a mark other than Discard wins, wherever the mark sits
+// inside it; Discard wins only when every operand is discarded, because a
+// message is dropped only when nothing in its error asks for it to be kept:
+// errors.Join(Discard(a), b) is transient, as b alone would be, and
+// errors.Join(Discard(a), Permanent(b)) is permanent. A nil error has no
+// class and returns ClassTransient; callers check for nil first.
 func ClassOf(err error) Class {
-	var c *classified
-	if errors.As(err, &c) {
+	if c := markOf(err); c != nil {
 		return c.class
 	}
 	return ClassTransient
 }
 
+// markOf returns the mark that classifies err, as ClassOf describes, or nil
+// when there is none (or only Discard marks beside unmarked errors).
+func markOf(err error) *classified {
+	switch e := err.(type) {
+	case nil:
+		return nil
+	case *classified:
+		return e // the outermost mark of a chain
+	case interface{ Unwrap() error }:
+		return markOf(e.Unwrap())
+	case interface{ Unwrap() []error }:
+		var discard *classified
+		all := true // every operand discarded so far
+		for _, op := range e.Unwrap() {
+			switch c := markOf(op); {
+			case c == nil:
+				all = false
+			case c.class != ClassDiscard:
+				return c
+			case discard == nil:
+				discard = c
+			}
+		}
+		if all {
+			return discard
+		}
+	}
+	return nil
+}
+
 // RetryAfterOf returns the delay carried by a [RetryAfter] error and whether
-// there was one.
+// there was one: the mark ClassOf classifies err by is a RetryAfter with a
+// positive delay.
 func RetryAfterOf(err error) (time.Duration, bool) {
-	var c *classified
-	if errors.As(err, &c) && c.class == ClassRateLimited && c.after > 0 {
+	if c := markOf(err); c != nil && c.class == ClassRateLimited && c.after > 0 {
 		return c.after, true
 	}
 	return 0, false
@@ -133,11 +164,10 @@ type Classification struct {
 type Classifier func(err error) (c Classification, ok bool)
 
 // Classify classifies err: the class marks set with [Permanent], [RetryAfter]
-// or [Discard] win (the first one found, as with [ClassOf]), then each
-// classifier in order, then ClassTransient.
+// or [Discard] win (the one [ClassOf] goes by), then each classifier in
+// order, then ClassTransient.
 func Classify(err error, classifiers ...Classifier) Classification {
-	var c *classified
-	if errors.As(err, &c) {
+	if c := markOf(err); c != nil {
 		return Classification{Class: c.class, After: c.after}
 	}
 	for _, f := range classifiers {

@@ -30,9 +30,17 @@ func TestClassSurvivesWrapping(t *testing.T) {
 		{"twice wrapped retry-after", fmt.Errorf("a: %w", fmt.Errorf("b: %w", ackwise.RetryAfter(base, time.Minute))), ackwise.ClassRateLimited, time.Minute},
 		{"discard", ackwise.Discard(base), ackwise.ClassDiscard, 0},
 		{"joined", errors.Join(errors.New("x"), ackwise.Permanent(base)), ackwise.ClassPermanent, 0},
-		// The first operand with a mark wins, however deep (ClassOf's doc).
-		{"joined discard first", errors.Join(ackwise.Discard(base), errors.New("db down")), ackwise.ClassDiscard, 0},
+		// The first operand with a mark other than Discard wins, however
+		// deep; Discard only when every operand is discarded (ClassOf's doc).
+		{"joined discard beside unmarked", errors.Join(ackwise.Discard(base), errors.New("db down")), ackwise.ClassTransient, 0},
+		{"joined discard beside permanent", errors.Join(ackwise.Discard(base), ackwise.Permanent(errors.New("bad"))), ackwise.ClassPermanent, 0},
+		{"joined discard beside retry-after", errors.Join(ackwise.Discard(base), fmt.Errorf("w: %w", ackwise.RetryAfter(errors.New("429"), time.Second))), ackwise.ClassRateLimited, time.Second},
+		{"joined discards", errors.Join(ackwise.Discard(base), fmt.Errorf("w: %w", ackwise.Discard(errors.New("old")))), ackwise.ClassDiscard, 0},
+		{"nested join with unmarked", errors.Join(ackwise.Discard(base), errors.Join(ackwise.Discard(errors.New("old")), errors.New("db down"))), ackwise.ClassTransient, 0},
+		{"discard of a join", ackwise.Discard(errors.Join(base, errors.New("db down"))), ackwise.ClassDiscard, 0},
+		{"several %w", fmt.Errorf("%w and %w", ackwise.Discard(base), errors.New("db down")), ackwise.ClassTransient, 0},
 		{"joined deep mark first", errors.Join(fmt.Errorf("a: %w", ackwise.Permanent(base)), ackwise.Discard(errors.New("x"))), ackwise.ClassPermanent, 0},
+		{"joined first mark wins", errors.Join(ackwise.Permanent(base), ackwise.RetryAfter(errors.New("429"), time.Second)), ackwise.ClassPermanent, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -76,6 +84,14 @@ func TestClassifierMapsApplicationErrors(t *testing.T) {
 	// An explicit mark wins over a classifier.
 	if cl := ackwise.Classify(ackwise.Discard(&httpError{422}), byStatus); cl.Class != ackwise.ClassDiscard {
 		t.Fatalf("marked discard → %+v", cl)
+	}
+	// A Discard beside an unmarked error does not drop the message: the
+	// classifiers decide, then ClassTransient.
+	if cl := ackwise.Classify(errors.Join(ackwise.Discard(errors.New("obsolete")), &httpError{422}), byStatus); cl.Class != ackwise.ClassPermanent {
+		t.Fatalf("discard joined with 422 → %+v", cl)
+	}
+	if cl := ackwise.Classify(errors.Join(ackwise.Discard(errors.New("obsolete")), &httpError{503}), byStatus); cl.Class != ackwise.ClassTransient {
+		t.Fatalf("discard joined with 503 → %+v", cl)
 	}
 }
 

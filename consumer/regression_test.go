@@ -6,6 +6,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -460,6 +461,48 @@ func TestPermanentTypedNilIsDeadLettered(t *testing.T) {
 		return false
 	})
 	memorytest.RequireDeadLettered(t, br, q, "m", dlq.ReasonPermanent)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestJoinedDiscardBesideFailureIsRetried: a handler joins a Discard with
+// an unmarked failure (one part of its work found the message obsolete,
+// another could not reach its database). The message is not dropped: it
+// is retried, as the failure alone would be, and handled on its second
+// attempt.
+func TestJoinedDiscardBesideFailureIsRetried(t *testing.T) {
+	t.Parallel()
+	br, clk := memorytest.NewBroker(t)
+	q := memorytest.UniqueName(t)
+	if err := br.CreateQueue(q, memory.QueueConfig{}); err != nil {
+		t.Fatal(err)
+	}
+	src, err := br.QueueSource(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		if m.Attempt == 1 {
+			return errors.Join(ackwise.Discard(errors.New("obsolete")), errors.New("db down"))
+		}
+		return nil
+	})
+	c, err := consumer.New(src, h, consumer.Config{Retry: retry.Policy{InitialInterval: time.Millisecond, MaxInterval: time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	memorytest.Publish(t, br, q, memorytest.Msg("m", "k", "x"))
+	memorytest.WaitFor(t, br, q, "m nacked", func(evs []memory.Event) bool {
+		return slices.ContainsFunc(evs, func(e memory.Event) bool { return e.Kind == memory.EventNacked && e.ID == "m" })
+	})
+	clk.Advance(time.Second)
+	acked := memorytest.WaitForAcked(t, br, q, "m")
+	if acked.Attempt != 2 {
+		t.Fatalf("m acked on attempt %d: want 2 (the joined failure retried, not discarded)", acked.Attempt)
+	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
