@@ -81,8 +81,10 @@ type Config struct {
 	// FetchMaxBytes is the most bytes the client fetches from a broker in
 	// one request (franz-go's FetchMaxBytes): with the fetch being handled
 	// and the one read ahead, it bounds the memory of records held by the
-	// source, per broker, at about three times this. Zero means the client's
-	// default (50 MiB).
+	// source, per broker, at about three times this, in bytes as fetched
+	// (compressed batches take their uncompressed size in memory). Each
+	// message in flight keeps its own fetch alive too (docs/kafka.md,
+	// Memory). Zero means the client's default (50 MiB).
 	FetchMaxBytes int32
 	// FetchMaxPartitionBytes is the most bytes the client fetches from one
 	// partition in one request (franz-go's FetchMaxPartitionBytes). Smaller

@@ -31,7 +31,12 @@
 // records of a partition revoked meanwhile are dropped. It takes the next
 // fetch as soon as the client has it, while the last is still being handed
 // out: the records held are bounded by about three times
-// [Config.FetchMaxBytes] per broker.
+// [Config.FetchMaxBytes] per broker, in bytes as fetched (compressed
+// batches take their uncompressed size). A delivered message's Payload is
+// not copied: while the message is in flight (running, or waiting in place
+// for a retry), it keeps the fetch it came from alive (its record batch,
+// when compressed), so up to consumer.Config.MaxInFlight fetches more may be
+// held (docs/kafka.md, Memory).
 //
 // A released record ([Source.Release]: shutdown, a settle that failed) is
 // never committed past; while this member keeps its partition, the source
