@@ -129,6 +129,21 @@ type Recycler interface {
 	Recycle(msgs ...*ackwise.Message)
 }
 
+// Detacher is implemented by sources whose messages share memory with
+// other records: a Kafka message's Payload points into the fetch (or the
+// decompressed record batch) it came from, and keeps all of it alive as long
+// as the message is kept. Detach gives msg's Payload memory of its own. The
+// engine calls it when a message starts waiting in place (a retry in place,
+// a redelivery held after a failed settle, a message held by the open
+// breaker), which may last long: without it, every waiting message would
+// keep a whole fetch in memory. It is called while no handler runs msg, and
+// must be safe for concurrent use on different messages.
+type Detacher interface {
+	// Detach gives msg memory of its own; it ignores messages this source
+	// did not deliver.
+	Detach(msg *ackwise.Message)
+}
+
 // BatchAcker is implemented by sources that ack a batch of messages for
 // less than acking each one (one lock, one call). The engine acks the
 // messages its workers finished together through AckBatch when the source

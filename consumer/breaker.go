@@ -161,6 +161,7 @@ func (c *Consumer) breakerFailure(t task, after time.Duration) bool {
 		b.probeDelay = min(2*b.probeDelay, b.cfg.MaxProbeInterval)
 	}
 	b.held = append(b.held, t)
+	c.detach(msg)
 	if b.probing == nil && b.probe == nil {
 		c.scheduleProbe(after)
 	}

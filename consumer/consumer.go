@@ -35,6 +35,7 @@ type Consumer struct {
 	src       adapters.Source
 	recycler  adapters.Recycler   // src, when it reuses messages; else nil
 	acker     adapters.BatchAcker // src, when it acks batches; else nil
+	detacher  adapters.Detacher   // src, when its messages share memory; else nil
 	caps      adapters.Capabilities
 	cfg       Config
 	h         ackwise.Handler
@@ -172,10 +173,12 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	caps := src.Capabilities()
 	recycler, _ := src.(adapters.Recycler)
 	acker, _ := src.(adapters.BatchAcker)
+	detacher, _ := src.(adapters.Detacher)
 	c := &Consumer{
 		src:      src,
 		recycler: recycler,
 		acker:    acker,
+		detacher: detacher,
 		caps:     caps,
 		cfg:      cfg,
 		clock:    cfg.Clock,
@@ -723,8 +726,17 @@ func (c *Consumer) waitInPlace(t task, delay time.Duration, retry bool) bool {
 	if c.waiting == nil {
 		c.waiting = make(map[*ackwise.Message]waitEntry)
 	}
+	c.detach(t.msg)
 	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t, retry) }), t: t}
 	return true
+}
+
+// detach lets a message that starts waiting keep only its own memory
+// (adapters.Detacher).
+func (c *Consumer) detach(msg *ackwise.Message) {
+	if c.detacher != nil {
+		c.detacher.Detach(msg)
+	}
 }
 
 // wake puts a message whose in-place wait is over back on the work queue,

@@ -82,8 +82,8 @@ type Config struct {
 	// one request (franz-go's FetchMaxBytes): with the fetch being handled
 	// and the one read ahead, it bounds the memory of records held by the
 	// source, per broker, at about three times this, in bytes as fetched
-	// (compressed batches take their uncompressed size in memory). Each
-	// message in flight keeps its own fetch alive too (docs/kafka.md,
+	// (compressed batches take their uncompressed size in memory). A
+	// message whose handler runs keeps its fetch alive too (docs/kafka.md,
 	// Memory). Zero means the client's default (50 MiB).
 	FetchMaxBytes int32
 	// FetchMaxPartitionBytes is the most bytes the client fetches from one

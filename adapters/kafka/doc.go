@@ -33,10 +33,11 @@
 // out: the records held are bounded by about three times
 // [Config.FetchMaxBytes] per broker, in bytes as fetched (compressed
 // batches take their uncompressed size). A delivered message's Payload is
-// not copied: while the message is in flight (running, or waiting in place
-// for a retry), it keeps the fetch it came from alive (its record batch,
-// when compressed), so up to consumer.Config.MaxInFlight fetches more may be
-// held (docs/kafka.md, Memory).
+// not copied: while its handler runs it keeps the fetch it came from alive
+// (its record batch, when compressed). The engine has a message that starts
+// waiting in place (a retry, a held redelivery, the open breaker) copy its
+// payload first ([Source.Detach]), so a waiting message keeps only its own
+// bytes (docs/kafka.md, Memory).
 //
 // A released record ([Source.Release]: shutdown, a settle that failed) is
 // never committed past; while this member keeps its partition, the source

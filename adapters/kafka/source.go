@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -106,15 +107,17 @@ const recycled = -1
 // allocation. Deliveries are carved from slabs and reused once the engine
 // recycles their message (see Recycle).
 type delivery struct {
-	msg  ackwise.Message
-	rc   receipt
-	hdrs [4]ackwise.Header
+	msg      ackwise.Message
+	rc       receipt
+	hdrs     [4]ackwise.Header
+	detached bool // msg.Payload is a copy (Detach)
 }
 
 var (
 	_ adapters.Source     = (*Source)(nil)
 	_ adapters.Recycler   = (*Source)(nil)
 	_ adapters.BatchAcker = (*Source)(nil)
+	_ adapters.Detacher   = (*Source)(nil)
 )
 
 // NewSource joins cfg.Group on cfg.Topic (and its retry topics, when
@@ -823,6 +826,7 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 	// garbage collector marks, each pointer written costs a write barrier
 	// (a whole-struct assignment pays one for every pointer slot).
 	d.rc.seq, d.rc.gen = seq, gen
+	d.detached = false
 	if d.rc.p != p {
 		d.rc.p = p
 	}
@@ -1083,6 +1087,20 @@ func (s *Source) Recycle(msgs ...*ackwise.Message) {
 		d.msg.Payload = nil // do not hold a fetch's memory while unused
 		s.freed = append(s.freed, d)
 	}
+}
+
+// Detach copies msg's Payload out of the fetch it points into
+// (adapters.Detacher), once per delivery: a message waiting in place then
+// keeps only its own bytes alive, not its whole fetch (or decompressed
+// record batch). Its key, header values and broker ID are in small shared
+// chunks already (see strChunk).
+func (s *Source) Detach(msg *ackwise.Message) {
+	rc, ok := msg.Handle.(*receipt)
+	if !ok || rc.d == nil || &rc.d.msg != msg || rc.seq == recycled || rc.d.detached {
+		return
+	}
+	rc.d.detached = true
+	msg.Payload = bytes.Clone(msg.Payload)
 }
 
 // ExtendLease does nothing: a partition owned by this member has no lease.
