@@ -98,8 +98,12 @@
 // before the source starts ([CreateTopics] creates the whole chain with the
 // topic's partition count). A record from a retry topic is delivered as a
 // message of the original topic: Source, Partition and Offset name where it
-// first sat, Attempt comes from its header, and BrokerID names the
-// retry-topic position it was read from.
+// first sat, Attempt and FirstFailure come from its headers, and BrokerID
+// names the retry-topic position it was read from. On the main topic those
+// headers are not this chain's (a handler that forwarded the headers of a
+// retry it handled put them there): a record read from it is attempt 1 with
+// no first failure whatever ackwise-attempt and ackwise-first-failure say;
+// the headers stay in Message.Headers.
 //
 // # Dead letters
 //

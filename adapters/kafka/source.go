@@ -809,11 +809,14 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 			case ackwise.HeaderEventID:
 				id = v // the last one wins, as with Headers.Get
 			case ackwise.HeaderAttempt:
-				if n, err := strconv.Atoi(v); err == nil && n > 0 {
+				// Only a retry topic's: on the main topic the header
+				// is a producer's (a handler that forwarded the
+				// headers of a retry it handled), not this chain's.
+				if n, err := strconv.Atoi(v); err == nil && n > 0 && p.retry {
 					attempt = n
 				}
 			case ackwise.HeaderFirstFailure:
-				if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+				if t, err := time.Parse(time.RFC3339Nano, v); err == nil && p.retry {
 					firstFailure = t
 				}
 			}

@@ -1,0 +1,106 @@
+package kafka
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/dlq"
+	"github.com/ackwise/ackwise/retry"
+)
+
+// deadLetterSignal passes on each envelope its source confirmed a dead
+// letter with.
+type deadLetterSignal struct {
+	adapters.Source
+	envs chan dlq.Envelope
+}
+
+func (s deadLetterSignal) DeadLetter(ctx context.Context, m *ackwise.Message, env dlq.Envelope) error {
+	err := s.Source.DeadLetter(ctx, m, env)
+	if err == nil {
+		s.envs <- env
+	}
+	return err
+}
+
+// TestMainTopicHopHeadersIgnored: a record on the main topic that carries
+// ackwise-attempt and ackwise-first-failure (a handler forwarded the
+// headers of a retry it handled) starts at attempt 1 with no first failure,
+// and gets all MaxAttempts before it is dead-lettered, in both retry modes.
+// Before, it started at the forged attempt 4 and was dead-lettered after 2.
+func TestMainTopicHopHeadersIgnored(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"blocking", "retry-topics"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			brokers := newCluster(t)
+			var tiers []time.Duration
+			ccfg := consumer.Config{Retry: retry.Policy{MaxAttempts: 5, InitialInterval: 10 * time.Millisecond, Jitter: retry.NoJitter}}
+			if mode == "retry-topics" {
+				tiers = []time.Duration{20 * time.Millisecond}
+				ccfg.RetryMode = consumer.RetryBroker
+			}
+			cfg := testConfig(t, brokers, 1, tiers...)
+			forged := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			rec := &kgo.Record{Topic: cfg.Topic, Key: []byte("k"), Value: []byte("v"), Headers: []kgo.RecordHeader{
+				{Key: ackwise.HeaderEventID, Value: []byte("ev-fwd")},
+				{Key: ackwise.HeaderAttempt, Value: []byte("4")},
+				{Key: ackwise.HeaderFirstFailure, Value: []byte(forged.Format(time.RFC3339Nano))},
+			}}
+			// Straight through the client: the sink drops these headers.
+			if err := openSink(t, cfg).Client().ProduceSync(ctx, rec).FirstErr(); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			var (
+				mu       sync.Mutex
+				attempts []int
+				firsts   []time.Time
+			)
+			h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+				mu.Lock()
+				attempts = append(attempts, m.Attempt)
+				firsts = append(firsts, m.FirstFailure)
+				mu.Unlock()
+				return errors.New("always fails")
+			})
+			src := deadLetterSignal{Source: openSource(t, cfg), envs: make(chan dlq.Envelope, 1)}
+			runConsumer(t, src, h, ccfg)
+			var env dlq.Envelope
+			select {
+			case env = <-src.envs:
+			case <-ctx.Done():
+				t.Fatal("not dead-lettered")
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if want := []int{1, 2, 3, 4, 5}; !slices.Equal(attempts, want) {
+				t.Errorf("attempts %v, want %v", attempts, want)
+			}
+			if !firsts[0].IsZero() {
+				t.Errorf("first delivery has FirstFailure %v, want none", firsts[0])
+			}
+			if env.Reason != dlq.ReasonMaxAttempts || env.Attempts != 5 || env.FirstFailure.Before(start) {
+				t.Errorf("envelope reason %s attempts %d first failure %v (test started %v)", env.Reason, env.Attempts, env.FirstFailure, start)
+			}
+			dls := readAll(ctx, t, brokers, cfg.Topic+".dlq")
+			if len(dls) != 1 {
+				t.Fatalf("%d dead letters, want 1", len(dls))
+			}
+			if got := recordMessage(dls[0]).Headers.Get(dlq.HeaderAttempts); got != "5" {
+				t.Errorf("dead letter %s = %q, want 5", dlq.HeaderAttempts, got)
+			}
+		})
+	}
+}
