@@ -103,7 +103,8 @@
 // headers are not this chain's (a handler that forwarded the headers of a
 // retry it handled put them there): a record read from it is attempt 1 with
 // no first failure whatever ackwise-attempt and ackwise-first-failure say;
-// the headers stay in Message.Headers.
+// the headers stay in Message.Headers. [Sink.Publish] and TransactSession
+// outputs drop both, so a message forwarded with them does not carry them on.
 //
 // # Dead letters
 //

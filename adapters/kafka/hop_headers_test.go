@@ -104,3 +104,85 @@ func TestMainTopicHopHeadersIgnored(t *testing.T) {
 		})
 	}
 }
+
+// hopHeaderMsgs are messages a handler might publish with the headers of a
+// retry it handled: the engine's hop headers among its own.
+func hopHeaderMsgs() []*ackwise.Message {
+	return []*ackwise.Message{
+		{ID: "ev-a", Payload: []byte("a"), Headers: ackwise.HeadersOf("h", "1", ackwise.HeaderAttempt, "4", ackwise.HeaderFirstFailure, "2020-01-02T03:04:05Z", "g", "2")},
+		{Payload: []byte("b"), Headers: ackwise.HeadersOf(ackwise.HeaderEventID, "ev-b", ackwise.HeaderFirstFailure, "2020-01-02T03:04:05Z", ackwise.HeaderAttempt, "3")},
+	}
+}
+
+// checkNoHopHeaders fails unless recs are msgs (in order) without the hop
+// headers and with their other headers in order.
+func checkNoHopHeaders(t *testing.T, recs []*kgo.Record, msgs []*ackwise.Message) {
+	t.Helper()
+	if len(recs) != len(msgs) {
+		t.Fatalf("%d records, want %d", len(recs), len(msgs))
+	}
+	for i, r := range recs {
+		var got, want []string
+		for _, h := range r.Headers {
+			got = append(got, h.Key+"="+string(h.Value))
+		}
+		if msgs[i].ID != "" {
+			want = append(want, ackwise.HeaderEventID+"="+msgs[i].ID)
+		}
+		for _, h := range msgs[i].Headers {
+			if h.Key != ackwise.HeaderAttempt && h.Key != ackwise.HeaderFirstFailure {
+				want = append(want, h.Key+"="+h.Value)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("record %q: headers %q, want %q", r.Value, got, want)
+		}
+	}
+}
+
+// TestSinkDropsHopHeaders: a message published with ackwise-attempt and
+// ackwise-first-failure (the headers of a retry a handler forwarded) is
+// published without them, so its consumers count its attempts from 1.
+// Before, the sink published them as they were.
+func TestSinkDropsHopHeaders(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	msgs := hopHeaderMsgs()
+	if err := openSink(t, cfg).Publish(ctx, msgs...); err != nil {
+		t.Fatal(err)
+	}
+	checkNoHopHeaders(t, readAll(ctx, t, brokers, cfg.Topic), msgs)
+}
+
+// TestTransactSessionOutputDropsHopHeaders: outputs of a Transform drop the
+// hop headers as Sink.Publish does. Before, they were written as given.
+func TestTransactSessionOutputDropsHopHeaders(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out := outTopic(t, cfg, 1)
+	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+	sess := openTxn(ctx, t, cfg)
+	msgs := hopHeaderMsgs()
+	fn := func(_ context.Context, _ *ackwise.Message, emit func(Output)) error {
+		for _, m := range msgs {
+			emit(Output{Topic: out, Payload: m.Payload, Headers: m.Headers.Clone(), ID: m.ID})
+		}
+		return nil
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- sess.Run(runCtx, fn) }()
+	waitTxnCommitted(ctx, t, sess, cfg, 1, done)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	checkNoHopHeaders(t, readIsolated(ctx, t, brokers, out, kgo.ReadCommitted()), msgs)
+}

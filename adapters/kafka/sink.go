@@ -80,8 +80,12 @@ func (s *Sink) Client() *kgo.Client { return s.cl }
 // Publish produces msgs and returns once the broker acknowledged (acks=all)
 // or refused each: nil when it acknowledged all, else the errors of the
 // failed records joined (the first ten; the others may have been produced),
-// or ctx's error if it ended first. Header ackwise-event-id is set from Message.ID, replacing any the
-// message carries; a message without an ID keeps its headers as they are.
+// or ctx's error if it ended first. Header ackwise-event-id is set from
+// Message.ID, replacing any the message carries; a message without an ID
+// keeps the one it has. The engine's hop headers ackwise-attempt and
+// ackwise-first-failure are not published (a handler that forwards the
+// headers of a retry must not make the new record start at that retry's
+// attempt); the other headers go out as they are.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if len(msgs) == 0 {
 		if s.isClosed() {
@@ -164,10 +168,14 @@ func produceConfirmed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, w
 	return errors.Join(errs...)
 }
 
-// recordHeaders converts m's headers. When m.ID is set it is the event ID
-// (adapters.EventID) and the record's only ackwise-event-id, first; a header
-// the message carried under that name (stale, copied from another event, or
-// empty) is dropped. Without m.ID the headers pass as they are.
+// recordHeaders converts m's headers for a record a user publishes (Sink,
+// TransactSession outputs; not a retry-topic hop or a dead letter). When
+// m.ID is set it is the event ID (adapters.EventID) and the record's only
+// ackwise-event-id, first; a header the message carried under that name
+// (stale, copied from another event, or empty) is dropped. Without m.ID
+// that header passes as it is. The engine's hop headers ackwise-attempt
+// and ackwise-first-failure are dropped: copied from a retry a handler
+// handled, they would count a new message's attempts from that retry's.
 func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 	n := len(m.Headers)
 	if m.ID != "" {
@@ -181,7 +189,9 @@ func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 		hs = append(hs, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(m.ID)})
 	}
 	for _, kv := range m.Headers {
-		if m.ID != "" && kv.Key == ackwise.HeaderEventID {
+		switch {
+		case m.ID != "" && kv.Key == ackwise.HeaderEventID,
+			kv.Key == ackwise.HeaderAttempt, kv.Key == ackwise.HeaderFirstFailure:
 			continue
 		}
 		hs = append(hs, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})

@@ -44,7 +44,8 @@ type Output struct {
 	Key string
 	// Payload is the record value.
 	Payload []byte
-	// Headers are the record headers.
+	// Headers are the record headers, but ackwise-attempt and
+	// ackwise-first-failure, which are dropped as [Sink.Publish] drops them.
 	Headers ackwise.Headers
 	// ID, when set, is written as header ackwise-event-id, in place of any
 	// such header in Headers (one copied from the input, say).
