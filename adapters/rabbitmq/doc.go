@@ -106,6 +106,13 @@
 //     classic queue; use a quorum queue (with a delivery limit if needed)
 //     where that matters.
 //
+// The source cannot tell a wait queue's ackwise-attempt and
+// ackwise-first-failure from a producer's: the work queue receives both
+// from its wait queues. So the [Sink] does not publish them: a handler that
+// forwards the headers of a message it handled (a retry among them) does
+// not make the new message start at that message's attempt. Only the
+// source's own moves set them.
+//
 // # Publishing
 //
 // The sink, and the source's moves, publish with publisher confirms always

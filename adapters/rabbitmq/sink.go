@@ -53,9 +53,12 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 
 // Publish publishes msgs and returns once the broker confirmed all of them.
 // Each message goes out with its headers (but x-delivery-count, the count a
-// quorum queue keeps per delivery, and x-first-death-* and x-last-death-*,
+// quorum queue keeps per delivery, x-first-death-* and x-last-death-*,
 // RabbitMQ's summary of an x-death history a message copied from a
-// delivery does not carry), ackwise-event-id (from Message.ID),
+// delivery does not carry, and the engine's hop headers ackwise-attempt and
+// ackwise-first-failure, which would make a consumer of a message that
+// forwards the headers of a retry count its attempts from that retry's),
+// ackwise-event-id (from Message.ID),
 // ackwise-key (from Message.Key), message-id = the event ID (or a unique ID
 // when there is none), the current timestamp and delivery mode persistent.
 //
@@ -112,6 +115,11 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		}
 		h := toTable(m.Headers, orig, 2)
 		keepNested(h, orig)
+		// The engine's hop headers: copied from a delivery a handler
+		// forwards, they would count the new message's attempts from
+		// that delivery's. Nack sets them on its own copies.
+		delete(h, ackwise.HeaderAttempt)
+		delete(h, ackwise.HeaderFirstFailure)
 		if id != "" {
 			h[ackwise.HeaderEventID] = id
 		}
