@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/ackwise/ackwise"
@@ -16,7 +17,10 @@ import (
 // caller may reuse its buffers at once. It sets the ackwise-event-id header
 // from Message.ID; a message with an empty ID keeps its headers as they are
 // (the broker never invents an ID; an ID already in the headers is used as
-// the stored message's ID). Publish may be called concurrently.
+// the stored message's ID). It drops the engine's hop headers
+// ackwise-attempt and ackwise-first-failure, as the Kafka and RabbitMQ
+// sinks do: a handler that forwards the headers of a retry publishes a new
+// message, not a retry. Publish may be called concurrently.
 type Sink struct {
 	b      *Broker
 	d      destination
@@ -43,7 +47,31 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 			return fmt.Errorf("memory: Publish: msgs[%d] is nil", i)
 		}
 	}
-	return s.b.publishInto(ctx, s.d, msgs)
+	return s.b.publishInto(ctx, s.d, withoutHopHeaders(msgs))
+}
+
+// withoutHopHeaders returns msgs, with copies in place of the messages that
+// carry ackwise-attempt or ackwise-first-failure (the caller's are left as
+// they are) made without them.
+func withoutHopHeaders(msgs []*ackwise.Message) []*ackwise.Message {
+	var out []*ackwise.Message
+	for i, m := range msgs {
+		if !m.Headers.Has(ackwise.HeaderAttempt) && !m.Headers.Has(ackwise.HeaderFirstFailure) {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(msgs)
+		}
+		c := *m
+		c.Headers = m.Headers.Clone()
+		c.Headers.Del(ackwise.HeaderAttempt)
+		c.Headers.Del(ackwise.HeaderFirstFailure)
+		out[i] = &c
+	}
+	if out == nil {
+		return msgs
+	}
+	return out
 }
 
 // Close makes later Publish calls fail with adapters.ErrClosed. Nothing is
