@@ -15,10 +15,13 @@ const (
 	// describes, used by the version gate.
 	HeaderAggregateVersion = "ackwise-aggregate-version"
 	// HeaderAttempt is the 1-based attempt number on hops the engine owns
-	// (retry topics, wait queues).
+	// (retry topics, wait queues). Only the adapters' own moves set it:
+	// sinks drop it from what they publish, and the Kafka source reads it
+	// only on retry topics, so a handler that forwards the headers of a
+	// retry does not make the new message start at that retry's attempt.
 	HeaderAttempt = "ackwise-attempt"
 	// HeaderFirstFailure is the RFC 3339 time of the first failed attempt, on
-	// hops the engine owns.
+	// hops the engine owns. Sinks drop it, as they drop HeaderAttempt.
 	HeaderFirstFailure = "ackwise-first-failure"
 	// HeaderKey carries Message.Key on brokers whose messages have no key of
 	// their own (AMQP, SQS).
