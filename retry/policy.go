@@ -3,6 +3,8 @@ package retry
 import (
 	"cmp"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -105,7 +107,9 @@ func (p Policy) Exhausted(attempt int) bool {
 }
 
 // Delay returns how long to wait before redelivering a message whose attempt
-// number attempt (1-based) just failed.
+// number attempt (1-based) just failed. It costs the same for any attempt:
+// the attempt number comes from the broker (a header, a delivery count) and
+// may be huge.
 func (p Policy) Delay(attempt int) time.Duration {
 	p = p.WithDefaults()
 	if attempt < 1 {
@@ -114,12 +118,7 @@ func (p Policy) Delay(attempt int) time.Duration {
 	if len(p.Tiers) > 0 {
 		return p.Tiers[min(attempt, len(p.Tiers))-1]
 	}
-	b := p.newBackOff()
-	var d time.Duration
-	for range attempt {
-		d = b.NextBackOff()
-	}
-	return d
+	return p.expDelay(attempt)
 }
 
 // Tier returns the index into Tiers used after failed attempt attempt, or -1
@@ -132,40 +131,49 @@ func (p Policy) Tier(attempt int) int {
 }
 
 // BackOff returns the exponential schedule as a backoff.BackOff for code that
-// retries in process (a short in-handler retry, a reconnect loop). It never
-// stops on its own; wrap it with backoff.WithMaxRetries to bound it.
+// retries in process (a short in-handler retry, a reconnect loop): its n-th
+// wait is what Delay(n) gives without Tiers. It never stops on its own; wrap it with
+// backoff.WithMaxRetries to bound it.
 func (p Policy) BackOff() backoff.BackOff {
-	return p.WithDefaults().newBackOff()
+	return &schedule{p: p.WithDefaults()}
 }
 
-func (p Policy) newBackOff() *capped {
-	jitter := p.Jitter
-	if jitter == NoJitter {
-		jitter = 0
+type schedule struct {
+	p Policy
+	n int
+}
+
+func (s *schedule) NextBackOff() time.Duration {
+	s.n = min(s.n+1, math.MaxInt-1)
+	return s.p.expDelay(s.n)
+}
+
+func (s *schedule) Reset() { s.n = 0 }
+
+// expDelay is the exponential schedule's delay after failed attempt
+// attempt (at least 1) of a defaulted p: InitialInterval ×
+// Multiplier^(attempt-1), capped at MaxInterval, then jittered. It is
+// computed at once in floating point rather than step by step (a loop over
+// a huge attempt number would hang its worker), and never overflows (a
+// MaxInterval near the largest Duration, jittered upward, came out
+// negative). A jittered value above MaxInterval is mirrored below it
+// (2*MaxInterval - value) rather than cut to it: cut, half the retries at
+// the cap would fall due at the same instant, which is what jitter is there
+// to prevent.
+func (p Policy) expDelay(attempt int) time.Duration {
+	maxI := float64(p.MaxInterval)
+	d := math.Min(float64(p.InitialInterval)*math.Pow(p.Multiplier, float64(attempt-1)), maxI)
+	if p.Jitter != NoJitter {
+		d += d * p.Jitter * (2*rand.Float64() - 1)
+		if d > maxI {
+			d = 2*maxI - d
+		}
 	}
-	return &capped{ExponentialBackOff: backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(p.InitialInterval),
-		backoff.WithMultiplier(p.Multiplier),
-		backoff.WithMaxInterval(p.MaxInterval),
-		backoff.WithRandomizationFactor(jitter),
-		backoff.WithMaxElapsedTime(0),
-	)}
-}
-
-// capped keeps every wait of the exponential schedule at or below
-// MaxInterval: backoff.ExponentialBackOff caps the interval before it adds
-// jitter, so a capped interval came out up to MaxInterval*(1+jitter). A wait
-// above MaxInterval is mirrored below it rather than cut to it: cut, half
-// the retries at the cap would fall due at the same instant, which is what
-// jitter is there to prevent.
-type capped struct {
-	*backoff.ExponentialBackOff
-}
-
-func (c *capped) NextBackOff() time.Duration {
-	d := c.ExponentialBackOff.NextBackOff()
-	if d != backoff.Stop && d > c.MaxInterval {
-		d = max(2*c.MaxInterval-d, 0)
+	switch {
+	case d >= maxI: // float64(MaxInterval) may round above it
+		return p.MaxInterval
+	case !(d > 0): // also a NaN of an unvalidated policy
+		return 0
 	}
-	return d
+	return time.Duration(d)
 }
