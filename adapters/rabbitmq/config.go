@@ -124,7 +124,7 @@ type Config struct {
 	// dead-letter queue are declared or checked, only that Queue exists.
 	// Nack and DeadLetter return ErrPlain and Capabilities.Delay is false
 	// (the engine retries in place). It cannot be combined with
-	// DeclareTopology.
+	// DeclareTopology, DelayTiers or DeadLetterQueue.
 	Plain bool
 	// DelayTiers are the redelivery delays, one wait queue per tier, named
 	// WaitQueueName(Queue, tier). Nack rounds a delay up to the next tier and
@@ -143,7 +143,8 @@ type Config struct {
 	// broker's default); -1 turns the warning off.
 	ConsumerTimeout time.Duration
 	// ConsumerTimeoutWarn is how long a delivery may be held before the
-	// warning. Zero means 80% of ConsumerTimeout.
+	// warning. Zero means 80% of ConsumerTimeout; it must be zero when
+	// ConsumerTimeout is -1.
 	ConsumerTimeoutWarn time.Duration
 	// Heartbeat is the AMQP heartbeat interval, in whole seconds from 1s to
 	// 65535s. Zero means DefaultHeartbeat.
@@ -378,34 +379,26 @@ func (cfg Config) validate() (validated, error) {
 			return v, fmt.Errorf("rabbitmq: DelayTiers has %d tiers: at most %d", len(v.DelayTiers), maxTiers)
 		}
 	}
-	if v.Plain && v.DeclareTopology {
-		return v, fmt.Errorf("rabbitmq: Plain = true with DeclareTopology = true: a plain source declares nothing; declare the queue yourself")
+	if v.Plain {
+		switch {
+		case v.DeclareTopology:
+			return v, fmt.Errorf("rabbitmq: Plain = true with DeclareTopology = true: a plain source declares nothing; declare the queue yourself")
+		case len(cfg.DelayTiers) > 0:
+			return v, fmt.Errorf("rabbitmq: Plain = true with DelayTiers = %v: a plain source has no wait queues (Nack returns ErrPlain)", cfg.DelayTiers)
+		case cfg.DeadLetterQueue != "":
+			return v, fmt.Errorf("rabbitmq: Plain = true with DeadLetterQueue = %q: a plain source has no dead-letter queue (DeadLetter returns ErrPlain)", cfg.DeadLetterQueue)
+		}
 	}
-	if v.DeadLetterQueue == "" {
-		v.DeadLetterQueue = cfg.Queue + ".dlq"
-	}
-	if err := checkQueueName("DeadLetterQueue", v.DeadLetterQueue); err != nil {
+	if err := v.checkTopologyNames(); err != nil {
 		return v, err
-	}
-	if v.DeadLetterQueue == v.Queue {
-		return v, fmt.Errorf("rabbitmq: DeadLetterQueue = %q: must differ from Queue", v.DeadLetterQueue)
-	}
-	for _, t := range v.DelayTiers {
-		name := WaitQueueName(v.Queue, t)
-		if err := checkQueueName("DelayTiers", name); err != nil {
-			return v, err
-		}
-		if name == v.DeadLetterQueue {
-			// Dead letters would expire from it back into the work queue.
-			return v, fmt.Errorf("rabbitmq: DeadLetterQueue = %q: is the wait queue of delay tier %v", v.DeadLetterQueue, t)
-		}
-		v.waitQueues = append(v.waitQueues, name)
 	}
 	switch {
 	case v.ConsumerTimeout == 0:
 		v.ConsumerTimeout = DefaultConsumerTimeout
 	case v.ConsumerTimeout < -1:
 		return v, fmt.Errorf("rabbitmq: ConsumerTimeout = %v: must be positive, 0 (default) or -1 (no warning)", cfg.ConsumerTimeout)
+	case v.ConsumerTimeout == -1 && v.ConsumerTimeoutWarn != 0:
+		return v, fmt.Errorf("rabbitmq: ConsumerTimeoutWarn = %v with ConsumerTimeout = -1: the warning is off", cfg.ConsumerTimeoutWarn)
 	}
 	if v.ConsumerTimeout > 0 {
 		switch {
@@ -416,6 +409,38 @@ func (cfg Config) validate() (validated, error) {
 		}
 	}
 	return v, nil
+}
+
+// checkTopologyNames defaults and checks the names of the dead-letter queue
+// and the wait queues, and lists the wait queues. A plain source has
+// neither: their names, which it never uses, are not checked (a long
+// queue's dead-letter queue, read plain, has a name too long to take
+// ".wait.1s").
+func (v *validated) checkTopologyNames() error {
+	if v.Plain {
+		return nil
+	}
+	if v.DeadLetterQueue == "" {
+		v.DeadLetterQueue = v.Queue + ".dlq"
+	}
+	if err := checkQueueName("DeadLetterQueue", v.DeadLetterQueue); err != nil {
+		return err
+	}
+	if v.DeadLetterQueue == v.Queue {
+		return fmt.Errorf("rabbitmq: DeadLetterQueue = %q: must differ from Queue", v.DeadLetterQueue)
+	}
+	for _, t := range v.DelayTiers {
+		name := WaitQueueName(v.Queue, t)
+		if err := checkQueueName("DelayTiers", name); err != nil {
+			return err
+		}
+		if name == v.DeadLetterQueue {
+			// Dead letters would expire from it back into the work queue.
+			return fmt.Errorf("rabbitmq: DeadLetterQueue = %q: is the wait queue of delay tier %v", v.DeadLetterQueue, t)
+		}
+		v.waitQueues = append(v.waitQueues, name)
+	}
+	return nil
 }
 
 func checkQueueName(field, name string) error {

@@ -42,6 +42,15 @@ func TestConfigValidation(t *testing.T) {
 		{"no warning", func(c *Config) { c.ConsumerTimeout = -1 }, ""},
 		{"plain", func(c *Config) { c.Plain = true }, ""},
 		{"plain and declare", func(c *Config) { c.Plain = true; c.DeclareTopology = true }, "Plain = true with DeclareTopology = true"},
+		// Contradictions that were accepted with one side silently dropped.
+		{"plain and tiers", func(c *Config) { c.Plain = true; c.DelayTiers = []time.Duration{time.Second} }, "Plain = true with DelayTiers = [1s]"},
+		{"plain and dlq", func(c *Config) { c.Plain = true; c.DeadLetterQueue = "dead" }, `Plain = true with DeadLetterQueue = "dead"`},
+		{"warn without timeout", func(c *Config) { c.ConsumerTimeout = -1; c.ConsumerTimeoutWarn = time.Minute }, "ConsumerTimeoutWarn = 1m0s with ConsumerTimeout = -1"},
+		// A plain source has no wait or dead-letter queue: the names it
+		// would give them are not its concern. A dead-letter queue of a
+		// long-named queue was refused here (its wait queue name,
+		// <250 bytes>.wait.1s, is too long).
+		{"plain with a long name", func(c *Config) { c.Plain = true; c.Queue = strings.Repeat("q", 250) }, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
