@@ -145,6 +145,15 @@
 // when the source opens: the group's share.record.lock.duration.ms, else the
 // broker's group.share.record.lock.duration.ms, else 30s.
 //
+// A share source has no Delay, so the engine retries a transient failure in
+// place, the record locked to the member; since the source polls only once
+// the last poll is settled, a record waiting for its retry holds back the
+// member's next poll for its whole wait. A record handed back to the broker
+// (released at shutdown or after a dead letter that could not be written,
+// or its lock lost) spends a delivery, and at the group's
+// group.share.delivery.count.limit (5 by default) the broker archives it:
+// neither handled nor dead-lettered, and unseen by ackwise.
+//
 // # Exactly-once Kafka to Kafka
 //
 // [NewTransactSession] is an opt-in consume-transform-produce mode on
