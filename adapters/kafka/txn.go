@@ -60,7 +60,11 @@ type Output struct {
 // up to 10s, with jitter). A Transform that fails for ever on one record
 // therefore stalls the session: handle permanent failures inside it, for
 // example by emitting the record to a dead-letter topic, which then commits
-// exactly once as well.
+// exactly once as well. A record consumed again after an abort comes with
+// Attempt one higher and FirstFailure set (every record the aborted batch
+// delivered, not only the failing one), so a Transform can dead-letter a
+// record that failed too often; the count is kept by the session in memory
+// and starts again from 1 on another member or after a restart.
 type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output)) error
 
 // TransactSession is Kafka-to-Kafka exactly-once processing
@@ -80,8 +84,24 @@ type TransactSession struct {
 	// endTimeout bounds the flush of a batch's outputs, and separately the
 	// End of its transaction; tests shorten it.
 	endTimeout time.Duration
+	// attempts counts the deliveries of records whose batch was aborted,
+	// until a batch commits them (Run's goroutine only).
+	attempts map[txnRecord]txnAttempt
 
 	closeOnce sync.Once
+}
+
+// txnRecord names an input record.
+type txnRecord struct {
+	topic     string
+	partition int32
+	offset    int64
+}
+
+// txnAttempt is what is known of an input record's aborted deliveries.
+type txnAttempt struct {
+	n     int       // deliveries so far
+	first time.Time // when the first of them was aborted
 }
 
 // NewTransactSession joins cfg.Group on cfg.Topic with a transactional
@@ -115,7 +135,7 @@ func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSessi
 		sess.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
-	return &TransactSession{cfg: cfg, sess: sess, log: cfg.Logger, endTimeout: 30 * time.Second}, nil
+	return &TransactSession{cfg: cfg, sess: sess, log: cfg.Logger, endTimeout: 30 * time.Second, attempts: map[txnRecord]txnAttempt{}}, nil
 }
 
 // Run consumes batches and runs fn on each message until ctx is done (then
@@ -244,11 +264,18 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 			}
 		})
 	}
+	var delivered []txnRecord
 	fetches.EachRecord(func(r *kgo.Record) {
 		if fnErr != nil || ctx.Err() != nil {
 			return
 		}
-		if err := fn(ctx, plainMessage(r), emit); err != nil {
+		m := plainMessage(r)
+		rec := txnRecord{r.Topic, r.Partition, r.Offset}
+		if a, ok := s.attempts[rec]; ok {
+			m.Attempt, m.FirstFailure = a.n+1, a.first
+		}
+		delivered = append(delivered, rec)
+		if err := fn(ctx, m, emit); err != nil {
 			fnErr = fmt.Errorf("%s/%d@%d: %w", r.Topic, r.Partition, r.Offset, err)
 		}
 	})
@@ -270,6 +297,9 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
 	defer cancel()
 	committed, err := s.sess.End(endCtx, kgo.TransactionEndTry(commit))
+	if err == nil {
+		s.countAttempts(fetches, delivered, committed)
+	}
 	switch {
 	case err != nil:
 		return false, fmt.Errorf("kafka: end transaction: %w", err)
@@ -285,6 +315,45 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 		s.log.Info("kafka: transaction aborted (rebalance or shutdown); the batch will be consumed again")
 	}
 	return false, nil
+}
+
+// countAttempts notes the deliveries of a batch that was aborted, so that
+// each record comes back with Attempt one higher (a Transform can then
+// dead-letter a poison record), or forgets the records of a committed batch
+// and any below them in its partitions (aborted here, committed since by
+// another member). A record whose partition moved to another member starts
+// again from 1 there.
+func (s *TransactSession) countAttempts(fetches kgo.Fetches, delivered []txnRecord, committed bool) {
+	if !committed {
+		now := time.Now()
+		for _, r := range delivered {
+			a := s.attempts[r]
+			if a.n == 0 {
+				a.first = now
+			}
+			a.n++
+			s.attempts[r] = a
+		}
+		return
+	}
+	if len(s.attempts) == 0 {
+		return
+	}
+	type tp struct {
+		topic     string
+		partition int32
+	}
+	ends := map[tp]int64{}
+	fetches.EachPartition(func(p kgo.FetchTopicPartition) {
+		if n := len(p.Records); n > 0 {
+			ends[tp{p.Topic, p.Partition}] = p.Records[n-1].Offset + 1
+		}
+	})
+	for r := range s.attempts {
+		if end, ok := ends[tp{r.topic, r.partition}]; ok && r.offset < end {
+			delete(s.attempts, r)
+		}
+	}
 }
 
 // Close aborts nothing (End already ran for every batch), leaves the group
