@@ -64,7 +64,8 @@ type Output struct {
 // Attempt one higher and FirstFailure set (every record the aborted batch
 // delivered, not only the failing one), so a Transform can dead-letter a
 // record that failed too often; the count is kept by the session in memory
-// and starts again from 1 on another member or after a restart.
+// and starts again from 1 on another member or after a restart. A panic in
+// a Transform aborts the transaction, then goes on out of Run.
 type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output)) error
 
 // TransactSession is Kafka-to-Kafka exactly-once processing
@@ -246,6 +247,29 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	if err := s.sess.Begin(); err != nil {
 		return false, fmt.Errorf("kafka: begin transaction: %w", err)
 	}
+	var delivered []txnRecord
+	ended := false
+	defer func() {
+		if ended {
+			return
+		}
+		// The transform panicked (or called runtime.Goexit): abort before
+		// the panic goes on, so that no transaction stays open (holding
+		// back read_committed readers of the outputs until the broker's
+		// transaction timeout) and the batch is consumed again by a Run
+		// called anew.
+		p := recover()
+		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
+		defer cancel()
+		if _, err := s.sess.End(endCtx, kgo.TryAbort); err != nil {
+			s.log.Warn("kafka: abort after a panic failed", "err", err)
+		} else {
+			s.countAttempts(fetches, delivered, false)
+		}
+		if p != nil {
+			panic(p)
+		}
+	}()
 	var mu sync.Mutex
 	var produceErr, fnErr error
 	emit := func(o Output) {
@@ -264,7 +288,6 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 			}
 		})
 	}
-	var delivered []txnRecord
 	fetches.EachRecord(func(r *kgo.Record) {
 		if fnErr != nil || ctx.Err() != nil {
 			return
@@ -284,6 +307,7 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	// the transaction open until the broker's transaction timeout), and
 	// each gets a bound of its own: a flush that ran out of time (a broker
 	// slow to confirm) must leave End the time to abort.
+	ended = true
 	flushCtx, cancelFlush := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
 	ferr := s.sess.Client().Flush(flushCtx)
 	cancelFlush()
