@@ -73,7 +73,10 @@ type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output))
 // of a batch and the batch's input offsets commit in one Kafka transaction,
 // or not at all. Consumers of the outputs must read with read_committed
 // isolation (the ackwise Source does). A rebalance during a batch aborts it,
-// and the next owner consumes it again.
+// and the next owner consumes it again. A batch must end within the
+// producer's transaction timeout (kgo.TransactionTimeout, 40s by default):
+// the broker aborts a longer one, and the session's late commit then fails
+// as fenced, which ends Run (nothing of the batch is committed).
 //
 // It is an opt-in mode beside [Source]: it does not run handlers through the
 // consumer engine, has no retry topics, and settles whole batches, not
