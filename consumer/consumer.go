@@ -63,12 +63,13 @@ type Consumer struct {
 	laneLimit   int               // lanes kept before idle ones are dropped
 	freeLanes   []*lane
 	freeChunks  []*chunk
-	dispatchCh  chunk                          // dispatch's, by the receive loop, reset by recycleLocked
-	space       chan struct{}                  // signalled when in-flight drops below the limit
-	stopping    atomic.Bool                    // written under mu, read without it
-	drained     chan struct{}                  // closed when in-flight reaches 0 while stopping
-	waiting     map[*ackwise.Message]waitEntry // in-place retries and redelivery holds
-	leases      map[*ackwise.Message]time.Time // when the lease was last set
+	dispatchCh  chunk                            // dispatch's, by the receive loop, reset by recycleLocked
+	space       chan struct{}                    // signalled when in-flight drops below the limit
+	stopping    atomic.Bool                      // written under mu, read without it
+	drained     chan struct{}                    // closed when in-flight reaches 0 while stopping
+	waiting     map[*ackwise.Message]waitEntry   // in-place retries and redelivery holds
+	moves       map[*ackwise.Message]pendingMove // failed moves waiting in place to be tried again
+	leases      map[*ackwise.Message]time.Time   // when the lease was last set
 	breaker     *breakerState
 	settleCtx   context.Context // set by Run before its goroutines start
 	handlerCtx  context.Context // set by Run before its goroutines start
@@ -468,6 +469,9 @@ const (
 // elapsed is the handler's run time when an Observer wants it.
 func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed time.Duration) {
 	msg := tp.msg
+	if tp.moves > 0 {
+		return c.retryMove(*tp), 0
+	}
 	if c.stopping.Load() || !c.src.Valid(msg) {
 		c.releaseTask(*tp)
 		return returned, 0
@@ -531,7 +535,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 		c.log.Debug("discarded", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
 		return c.settle(t, Discarded, elapsed, c.src.Ack(sctx, msg))
 	case ackwise.ClassPermanent:
-		return c.deadLetter(sctx, t, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
+		return c.deadLetter(t, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
 	}
 	if c.breaker != nil && c.breakerFailure(t, cl.After) {
 		// The dependency looks down: hold the message without spending an
@@ -539,7 +543,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 		return held
 	}
 	if c.cfg.Retry.Exhausted(msg.Attempt) {
-		return c.deadLetter(sctx, t, dlq.ReasonMaxAttempts, err, cl.Class, now, elapsed)
+		return c.deadLetter(t, dlq.ReasonMaxAttempts, err, cl.Class, now, elapsed)
 	}
 	delay := cl.After
 	if delay <= 0 {
@@ -567,20 +571,81 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	if c.caps.MaxDelay > 0 && delay > c.caps.MaxDelay {
 		delay = c.caps.MaxDelay
 	}
-	return c.settle(t, Retried, elapsed, c.src.Nack(sctx, msg, delay))
+	return c.move(t, Retried, elapsed, func(ctx context.Context) error { return c.src.Nack(ctx, msg, delay) })
 }
 
-func (c *Consumer) deadLetter(ctx context.Context, t task, reason dlq.Reason, err error, class ackwise.Class, now time.Time, elapsed time.Duration) result {
+func (c *Consumer) deadLetter(t task, reason dlq.Reason, err error, class ackwise.Class, now time.Time, elapsed time.Duration) result {
 	msg := t.msg
 	env := dlq.New(msg, reason, err, class, now, c.cfg.Name, c.cfg.Version)
-	if derr := c.src.DeadLetter(ctx, msg, env); derr != nil {
-		// The move was not confirmed, so the message must not be acked
-		// (invariant 3): hand it back for redelivery.
-		c.log.Error("dead-letter failed; message left for redelivery", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", derr))
-		return c.settle(t, DeadLettered, elapsed, derr)
+	return c.move(t, DeadLettered, elapsed, func(ctx context.Context) error {
+		if derr := c.src.DeadLetter(ctx, msg, env); derr != nil {
+			// Not confirmed: the message must not be acked (invariant 3).
+			return fmt.Errorf("dead-letter: %w", derr)
+		}
+		c.log.Warn("dead-lettered", slog.String("event_id", adapters.EventID(msg)), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
+		return nil
+	})
+}
+
+// pendingMove is a move of a message (Nack, DeadLetter) that failed and
+// waits in place to be tried again (see move).
+type pendingMove struct {
+	o  Outcome
+	do func(ctx context.Context) error
+}
+
+// move runs do, a move of t's message to the broker's delay (Nack) or to
+// the dead-letter destination, and settles the message by its result. A
+// move that failed while the message is still this consumer's (its receipt
+// valid) is tried again in place after a pause, 10ms doubling up to 5s: the
+// message stays in flight, its lane held and its lease extended, and its
+// handler does not run again. Handed back to the broker instead, it would
+// run again on each try, and some brokers count every redelivery: a Kafka
+// share group at its delivery limit archives the record, a quorum queue
+// drops or dead-letters it, so a dead-letter destination refusing writes
+// for a few hundred milliseconds would lose the message. At stop the
+// message is released, unsettled.
+func (c *Consumer) move(t task, o Outcome, elapsed time.Duration, do func(ctx context.Context) error) result {
+	msg := t.msg
+	err := do(c.settleCtx)
+	if err == nil || errors.Is(err, adapters.ErrReceiptInvalid) || c.stopping.Load() || !c.src.Valid(msg) {
+		return c.settle(t, o, elapsed, err)
 	}
-	c.log.Warn("dead-lettered", slog.String("event_id", adapters.EventID(msg)), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
-	return c.settle(t, DeadLettered, elapsed, nil)
+	c.observe(msg, SettleFailed, elapsed)
+	t.moves = min(t.moves, 254) + 1
+	pause := min(10*time.Millisecond<<min(t.moves-1, 10), 5*time.Second)
+	c.log.Error("settle failed; trying again in place", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Int("tries", int(t.moves)), slog.Duration("retry_in", pause), slog.Any("error", err))
+	c.mu.Lock()
+	if c.stopping.Load() {
+		c.mu.Unlock()
+		// No new waits during the drain: hand it back (observed once, as
+		// SettleFailed).
+		_ = c.src.Release(context.Background(), msg)
+		return returned
+	}
+	if c.moves == nil {
+		c.moves = make(map[*ackwise.Message]pendingMove)
+	}
+	c.moves[msg] = pendingMove{o: o, do: do}
+	c.waitLocked(t, pause, false)
+	c.mu.Unlock()
+	return held
+}
+
+// retryMove tries again the failed move t waited for (see move), or
+// releases t's message when the consumer is stopping or the message is no
+// longer this consumer's (observed once, as SettleFailed, when its move
+// failed).
+func (c *Consumer) retryMove(t task) result {
+	c.mu.Lock()
+	pm := c.moves[t.msg]
+	delete(c.moves, t.msg)
+	c.mu.Unlock()
+	if c.stopping.Load() || !c.src.Valid(t.msg) {
+		_ = c.src.Release(context.Background(), t.msg)
+		return returned
+	}
+	return c.move(t, pm.o, 0, pm.do)
 }
 
 // settle records the outcome of a settle call: settled, or returned when it
@@ -723,12 +788,18 @@ func (c *Consumer) waitInPlace(t task, delay time.Duration, retry bool) bool {
 	if c.stopping.Load() {
 		return false
 	}
+	c.waitLocked(t, delay, retry)
+	return true
+}
+
+// waitLocked is waitInPlace once it checked that the consumer is not
+// stopping. Called with c.mu held.
+func (c *Consumer) waitLocked(t task, delay time.Duration, retry bool) {
 	if c.waiting == nil {
 		c.waiting = make(map[*ackwise.Message]waitEntry)
 	}
 	c.detach(t.msg)
 	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t, retry) }), t: t}
-	return true
 }
 
 // detach lets a message that starts waiting keep only its own memory

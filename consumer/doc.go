@@ -36,12 +36,15 @@
 // every mode. A message that goes back to the broker unsettled (its settle
 // failed, or it was released) takes the messages waiting behind it in its
 // lane back with it, unrun, so that they do not overtake its redelivery
-// (docs/ordering.md). A message whose settle failed (a retry topic or
-// dead-letter queue that cannot be written) comes back at once; the engine
-// remembers it by Source and BrokerID and holds each redelivery in place
-// (in flight, its lane held, its lease extended, at the same attempt),
-// 10ms doubling per failure in a row up to 5s, so that the redeliveries do
-// not spin. The other messages are not held back. A message without a
+// (docs/ordering.md). A move (Nack to a retry topic or wait queue,
+// DeadLetter) that fails while the message is still this consumer's is
+// tried again in place, 10ms doubling up to 5s, the message in flight, its
+// lane held and its lease extended, its handler not run again. A message
+// whose settle failed otherwise (its ack, or a move that took its receipt
+// with it) comes back at once; the engine remembers it by Source and
+// BrokerID and holds each redelivery in place (in flight, its lane held,
+// its lease extended, at the same attempt), 10ms doubling per failure in a
+// row up to 5s, so that the redeliveries do not spin. The other messages are not held back. A message without a
 // broker ID (an AMQP message published without a message-id) is recognised
 // by its Source, Key, ID and Payload as received (what the handler changes
 // in the message does not count); two such messages alike in all four

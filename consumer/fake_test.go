@@ -27,6 +27,7 @@ type fakeSource struct {
 	nacked      []nack
 	dead        []deadLetter
 	released    []*ackwise.Message
+	lost        map[*ackwise.Message]bool // receipts lost with their connection (lose)
 	changed     chan struct{}
 }
 
@@ -123,8 +124,26 @@ func (s *fakeSource) Release(_ context.Context, m *ackwise.Message) error {
 }
 
 func (s *fakeSource) ExtendLease(context.Context, *ackwise.Message, time.Duration) error { return nil }
-func (s *fakeSource) Valid(*ackwise.Message) bool                                        { return true }
-func (s *fakeSource) Capabilities() adapters.Capabilities                                { return s.caps }
+
+// Valid is false for a message whose receipt was lost (lose).
+func (s *fakeSource) Valid(m *ackwise.Message) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.lost[m]
+}
+
+// lose makes m's receipt invalid, as a settle call failing because the
+// connection dropped under it would: the broker redelivers m.
+func (s *fakeSource) lose(m *ackwise.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lost == nil {
+		s.lost = make(map[*ackwise.Message]bool)
+	}
+	s.lost[m] = true
+}
+
+func (s *fakeSource) Capabilities() adapters.Capabilities { return s.caps }
 
 func (s *fakeSource) Close() error {
 	s.mu.Lock()

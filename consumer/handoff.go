@@ -108,6 +108,9 @@ type task struct {
 	ln      *lane
 	sum     uint64
 	retried bool
+	// moves counts the failed tries of a move (Nack, DeadLetter) waiting
+	// in place to be tried again (Consumer.moves holds it); 0: none.
+	moves uint8
 }
 
 // chunk is a batch of tasks for one worker. Its tasks are of different

@@ -27,7 +27,10 @@ const (
 	// handed back before its next attempt runs is not observed again: the
 	// broker's redelivery is its retry, as for a retry at the broker.
 	Released
-	// SettleFailed: the broker refused the settle call; it will redeliver.
+	// SettleFailed: the broker refused the settle call. A failed Ack, or a
+	// move whose receipt went with it, hands the message back (the broker
+	// redelivers it); a failed move (Nack, DeadLetter) of a message still
+	// this consumer's is tried again in place, each failed try observed.
 	SettleFailed
 )
 

@@ -6,6 +6,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -179,33 +180,60 @@ func TestRegressionDrainCancelDoesNotDeadLetter(t *testing.T) {
 	}
 }
 
-// failingNack is a source whose Nack fails without settling the message.
-type failingNack struct{ *fakeSource }
-
-func (f failingNack) Nack(context.Context, *ackwise.Message, time.Duration) error {
-	return errors.New("wait queue publish: channel closed")
+// failingNack is a source whose Nack fails, without settling the message
+// and with its delivery still valid, its first fails calls.
+type failingNack struct {
+	*fakeSource
+	fails *atomic.Int32
 }
 
-// Regression (fixed): when Nack fails the engine only counts SettleFailed; the delivery is
-// never settled nor released (settle releases only after a failed dead
-// letter, consumer.go:486). On AMQP the delivery stays unacked on a live
-// channel: never redelivered, and it holds a prefetch slot.
-func TestRegressionFailedNackReleases(t *testing.T) {
+func (f failingNack) Nack(ctx context.Context, m *ackwise.Message, d time.Duration) error {
+	if f.fails.Add(-1) >= 0 {
+		return errors.New("wait queue publish: refused")
+	}
+	return f.fakeSource.Nack(ctx, m, d)
+}
+
+// A failed Nack does not abandon the delivery (before, the engine only
+// counted SettleFailed: on AMQP the delivery stayed unacked on a live
+// channel, never redelivered, holding a prefetch slot). It is tried again
+// in place until it succeeds, without running the handler again; at stop,
+// a message still waiting is handed back.
+func TestFailedNackTriedAgain(t *testing.T) {
 	t.Parallel()
-	src := newFakeSource(adapters.Capabilities{Delay: true}, msgs(1, 1)...)
-	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return errDown })
-	c, err := consumer.New(failingNack{src}, h, consumer.Config{RetryMode: consumer.RetryBroker})
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, c)
-	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed == 1 && s.InFlight == 0 }) {
-		t.Fatalf("stats %+v", c.Stats())
-	}
-	src.mu.Lock()
-	defer src.mu.Unlock()
-	if len(src.released) != 1 || src.outstanding != 0 {
-		t.Fatalf("after a failed Nack: released %d, outstanding %d: the delivery is abandoned", len(src.released), src.outstanding)
+	for _, fails := range []int32{2, 1 << 30} {
+		t.Run(fmt.Sprint(fails), func(t *testing.T) {
+			t.Parallel()
+			src := newFakeSource(adapters.Capabilities{Delay: true}, msgs(1, 1)...)
+			n := new(atomic.Int32)
+			n.Store(fails)
+			var runs atomic.Int32
+			h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { runs.Add(1); return errDown })
+			c, err := consumer.New(failingNack{src, n}, h, consumer.Config{RetryMode: consumer.RetryBroker})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, c)
+			if fails == 2 {
+				if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed == 2 && s.Retried == 1 && s.InFlight == 0 }) {
+					t.Fatalf("stats %+v", c.Stats())
+				}
+			} else if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed >= 3 }) {
+				t.Fatalf("stats %+v", c.Stats())
+			}
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			released := 0
+			if fails > 2 {
+				released = 1 // still failing at stop: handed back
+			}
+			if len(src.released) != released || src.outstanding != 0 || runs.Load() != 1 {
+				t.Fatalf("released %d (want %d), outstanding %d, handler runs %d (want 1)", len(src.released), released, src.outstanding, runs.Load())
+			}
+		})
 	}
 }
 

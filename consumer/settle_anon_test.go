@@ -17,18 +17,20 @@ import (
 	"github.com/ackwise/ackwise/dlq"
 )
 
-// refusingDLQ refuses every dead letter. With redeliver, Release hands the
-// message back at once, at its next attempt, as a new delivery with the
-// same broker ID (none: a RabbitMQ message published without a
-// message-id); without, the broker never delivers it again (another
-// consumer settled it, say).
+// refusingDLQ refuses every dead letter, and the delivery goes with it (the
+// connection dropped under the publish), so the engine hands the message
+// back. With redeliver, Release hands the message back at once, at its
+// next attempt, as a new delivery with the same broker ID (none: a
+// RabbitMQ message published without a message-id); without, the broker
+// never delivers it again (another consumer settled it, say).
 type refusingDLQ struct {
 	*fakeSource
 	redeliver bool
 }
 
-func (s refusingDLQ) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope) error {
-	return errors.New("dead-letter queue: publish refused")
+func (s refusingDLQ) DeadLetter(_ context.Context, m *ackwise.Message, _ dlq.Envelope) error {
+	s.lose(m)
+	return errors.New("dead-letter queue: connection reset by peer")
 }
 
 func (s refusingDLQ) Release(ctx context.Context, m *ackwise.Message) error {

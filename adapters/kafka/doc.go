@@ -149,10 +149,11 @@
 // place, the record locked to the member; since the source polls only once
 // the last poll is settled, a record waiting for its retry holds back the
 // member's next poll for its whole wait. A record handed back to the broker
-// (released at shutdown or after a dead letter that could not be written,
-// or its lock lost) spends a delivery, and at the group's
-// group.share.delivery.count.limit (5 by default) the broker archives it:
-// neither handled nor dead-lettered, and unseen by ackwise.
+// (released at shutdown, or its lock lost) spends a delivery, and at the
+// group's group.share.delivery.count.limit (5 by default) the broker
+// archives it: neither handled nor dead-lettered, and unseen by ackwise. A
+// dead letter the broker refuses is tried again in place by the engine, the
+// record kept locked, and spends no delivery.
 //
 // # Exactly-once Kafka to Kafka
 //
