@@ -54,8 +54,12 @@ const (
 	FaultFailAck
 	// FaultDuplicate (receive): the message is delivered twice, as two
 	// deliveries of the same attempt (the second one in the same batch when
-	// buf has room, else first in the next). On a queue whichever is settled
-	// first wins and the other's settle returns ErrReceiptInvalid.
+	// buf has room, else later). On a queue the second one comes first in
+	// the next Receive, and whichever is settled first wins and the other's
+	// settle returns ErrReceiptInvalid. On a log it comes in a later Receive
+	// in offset order among its partition's released records, never ahead
+	// of a lower one (a real log's duplicates come from rewinds, in offset
+	// order), and is dropped when its partition is revoked or reset first.
 	FaultDuplicate
 	// FaultReorder (receive): a batch of two or more messages is returned in
 	// reverse order. Match, when set, must match one message of the batch.

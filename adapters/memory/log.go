@@ -227,11 +227,15 @@ type groupPart struct {
 	owner     *GroupSource
 	// epoch changes whenever the partition changes hands or is reset; a
 	// delivery of an older epoch is no longer valid.
-	epoch        atomic.Uint64
-	cursor       int64
-	settled      ring[bool] // offsets [committed, cursor)
-	redeliver    []int64    // released offsets to deliver again, sorted
-	hwm          int64      // one past the highest offset delivered
+	epoch     atomic.Uint64
+	cursor    int64
+	settled   ring[bool] // offsets [committed, cursor)
+	redeliver []int64    // released offsets to deliver again, sorted
+	// dups are duplicate deliveries (FaultDuplicate) that did not fit in
+	// their batch, sorted by offset: they are handed out merged with
+	// redeliver, so that none overtakes a released record below it.
+	dups         []*logDelivery
+	hwm          int64 // one past the highest offset delivered
 	redeliveries map[int64]int
 }
 
@@ -249,12 +253,16 @@ func (t *topic) groupLocked(name string) *group {
 }
 
 // resetLocked makes gp start over from its committed offset under a new
-// epoch: deliveries made before are invalid.
+// epoch: deliveries made before are invalid, and held duplicates are
+// dropped, as a Kafka client drops the records it fetched of a partition
+// revoked or reset.
 func (gp *groupPart) resetLocked() {
 	gp.epoch.Add(1)
 	gp.cursor = gp.committed
 	gp.settled.clear()
 	gp.redeliver = gp.redeliver[:0]
+	clear(gp.dups)
+	gp.dups = gp.dups[:0]
 }
 
 // rebalanceLocked assigns g's partitions to its members by range assignment
@@ -359,7 +367,6 @@ type GroupSource struct {
 	owned  []*groupPart
 	next   int
 	faults []*InjectedFault
-	dups   []*logDelivery
 	left   bool
 	dels   slab[logDelivery]
 }
@@ -560,11 +567,6 @@ func (s *GroupSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			return 0, err
 		}
 		n := 0
-		for n < len(buf) && len(s.dups) > 0 {
-			buf[n] = &s.dups[0].Message
-			s.dups = s.dups[1:]
-			n++
-		}
 		faults := len(t.faults) > 0 || len(s.faults) > 0
 		k := len(s.owned)
 		for i := 0; i < k && n < len(buf); i++ {
@@ -597,11 +599,21 @@ func (s *GroupSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 	}
 }
 
-// fetchLocked delivers records of gp into buf from index n: released ones
-// first, then new ones.
+// fetchLocked delivers records of gp into buf from index n: held
+// duplicates and released records first, merged in offset order, then new
+// ones.
 func (s *GroupSource) fetchLocked(gp *groupPart, buf []*ackwise.Message, n int, faults bool, now time.Time) int {
 	p := gp.p
-	for n < len(buf) && len(gp.redeliver) > 0 {
+	for n < len(buf) && len(gp.redeliver)+len(gp.dups) > 0 {
+		if len(gp.dups) > 0 && (len(gp.redeliver) == 0 || gp.dups[0].Offset <= gp.redeliver[0]) {
+			d := gp.dups[0]
+			gp.dups[0] = nil
+			gp.dups = gp.dups[1:]
+			buf[n] = &d.Message
+			n++
+			s.recordDelivery(d, now)
+			continue
+		}
 		off := gp.redeliver[0]
 		gp.redeliver = gp.redeliver[1:]
 		if off < gp.committed || gp.settled.at(int(off-gp.committed)) {
@@ -675,12 +687,18 @@ func (s *GroupSource) deliverLocked(gp *groupPart, off int64, buf []*ackwise.Mes
 			*d2 = *d
 			d2.Handle = d2
 			s.recordFault(x, &d.Message, now)
-			s.recordDelivery(d2, now)
 			if n < len(buf) {
 				buf[n] = &d2.Message
 				n++
+				s.recordDelivery(d2, now)
 			} else {
-				s.dups = append(s.dups, d2)
+				// Held for a later Receive (recorded when handed out),
+				// in offset order among the partition's released
+				// records.
+				i := sort.Search(len(gp.dups), func(i int) bool { return gp.dups[i].Offset > off })
+				gp.dups = append(gp.dups, nil)
+				copy(gp.dups[i+1:], gp.dups[i:])
+				gp.dups[i] = d2
 			}
 		}
 	}
