@@ -648,8 +648,14 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 	}
 	if drop != nil {
 		// Their lanes stay busy until the last message queued is released:
-		// one received meanwhile is queued, and released too.
-		c.releaseChunk(nil, drop)
+		// one received meanwhile is queued, and released too, and the lane
+		// is marked again as it goes idle (see finishOne).
+		for t, ok := drop.claim(); ok; t, ok = drop.claim() {
+			c.releaseLane(t, true)
+		}
+		c.mu.Lock()
+		c.recycleLocked(drop)
+		c.mu.Unlock()
 	}
 	return next
 }
@@ -749,9 +755,19 @@ func (c *Consumer) finishedLocked() {
 }
 
 // finishOne finishes t alone and returns the next task of its lane.
-func (c *Consumer) finishOne(t task) (task, bool) {
+//
+// remark says t was released behind a message of its lane that went back
+// to the broker: when the lane goes idle, it is marked as returned again
+// (lane.returnedAt, the identity kept). A message received while the lane
+// was being released, before the broker had every release, may be
+// dispatched only now; it would overtake the redelivery of the returned
+// message, itself perhaps received meanwhile and released with the others.
+func (c *Consumer) finishOne(t task, remark bool) (task, bool) {
 	c.mu.Lock()
 	next, ok := c.finishLocked(t)
+	if !ok && remark && t.ln != nil {
+		t.ln.returnedAt = c.laneReturns.Add(1)
+	}
 	c.finishedLocked()
 	recycle := c.recycler != nil && !c.heartbeatHoldsLocked(t.msg)
 	c.mu.Unlock()
@@ -772,9 +788,10 @@ func (c *Consumer) heartbeatHoldsLocked(msg *ackwise.Message) bool {
 	return true
 }
 
-// releaseLane releases t's message and every message behind it in its lane.
-func (c *Consumer) releaseLane(t task) {
-	for ok := true; ok; t, ok = c.finishOne(t) {
+// releaseLane releases t's message and every message behind it in its
+// lane; remark as for finishOne.
+func (c *Consumer) releaseLane(t task, remark bool) {
+	for ok := true; ok; t, ok = c.finishOne(t, remark) {
 		c.releaseTask(t)
 	}
 }
@@ -784,7 +801,7 @@ func (c *Consumer) releaseLane(t task) {
 // the worker whose active chunk ch is.
 func (c *Consumer) releaseChunk(w *workerState, ch *chunk) {
 	for t, ok := ch.claim(); ok; t, ok = ch.claim() {
-		c.releaseLane(t)
+		c.releaseLane(t, false)
 	}
 	c.mu.Lock()
 	if w != nil {
@@ -823,6 +840,6 @@ func (c *Consumer) releaseQueued() {
 		}
 	}
 	for _, t := range ts {
-		c.releaseLane(t)
+		c.releaseLane(t, false)
 	}
 }

@@ -90,3 +90,106 @@ func TestMessageReceivedBeforeLaneReleaseDoesNotOvertake(t *testing.T) {
 		t.Fatalf("key k's effects in the order %v: want first (its redelivery), then second", done)
 	}
 }
+
+// relayRace is a refusingDLQ that redelivers what it releases, with gates
+// that force one interleaving: the release of "second" (queued behind
+// "first", which went back) waits until the redelivery of "first" was
+// dispatched (a later Receive began), and the Receive that returns the
+// redelivery of "second" waits for proceed.
+type relayRace struct {
+	refusingDLQ
+	mu           sync.Mutex
+	firstAgain   bool          // the redelivery of "first" was returned
+	dispatched   chan struct{} // closed when a Receive begins after that
+	secondAgain  chan struct{} // closed when Receive has the redelivery of "second"
+	proceed      chan struct{}
+	once1, once2 sync.Once
+}
+
+func (s *relayRace) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	s.mu.Lock()
+	if s.firstAgain {
+		s.once1.Do(func() { close(s.dispatched) })
+	}
+	s.mu.Unlock()
+	n, err := s.refusingDLQ.Receive(ctx, buf)
+	for _, m := range buf[:n] {
+		switch {
+		case m.ID == "first" && m.Attempt == 2:
+			s.mu.Lock()
+			s.firstAgain = true
+			s.mu.Unlock()
+		case m.ID == "second" && m.Attempt == 2:
+			s.once2.Do(func() {
+				close(s.secondAgain)
+				<-s.proceed
+			})
+		}
+	}
+	return n, err
+}
+
+func (s *relayRace) Release(ctx context.Context, m *ackwise.Message) error {
+	if m.ID == "second" && m.Attempt == 1 {
+		<-s.dispatched
+	}
+	return s.refusingDLQ.Release(ctx, m)
+}
+
+// A message goes back to the broker (its dead letter failed) while another
+// message of its key waits behind it, and its redelivery arrives while that
+// one is still being released: queued behind it, the redelivery is released
+// too. The message behind, redelivered meanwhile but dispatched only once the
+// lane is idle, must not run ahead of the returned message's next
+// redelivery. Before, the redelivery's arrival had cleared the lane's mark,
+// and it ran at once (found by TestStressLog: m12 acked before m4 of its
+// key, the redelivery of m4 released behind m12).
+func TestRedeliveryReleasedBehindItsLaneDoesNotLoseItsPlace(t *testing.T) {
+	t.Parallel()
+	msg := func(id, bid string) *ackwise.Message {
+		return &ackwise.Message{ID: id, Key: "k", Source: "q", BrokerID: bid, Partition: -1, Offset: -1, Attempt: 1}
+	}
+	src := &relayRace{
+		refusingDLQ: refusingDLQ{newFakeSource(adapters.Capabilities{}, msg("first", "q/1"), msg("second", "q/2")), true},
+		dispatched:  make(chan struct{}), secondAgain: make(chan struct{}), proceed: make(chan struct{}),
+	}
+	var mu sync.Mutex
+	var done []string // successful runs, in order
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		if m.ID == "first" && m.Attempt == 1 {
+			return ackwise.Permanent(errors.New("invalid order"))
+		}
+		mu.Lock()
+		done = append(done, m.ID)
+		mu.Unlock()
+		return nil
+	}), consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer.PinPace(c, "single") // handlers on workers: the receive loop goes on receiving
+	stop := run(t, c)
+	select {
+	case <-src.secondAgain:
+	case <-time.After(5 * time.Second):
+		close(src.proceed)
+		t.Fatalf("the redelivery of second never came: %+v", c.Stats())
+	}
+	// first, second and first's redelivery were released; the lane is idle.
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.InFlight == 0 }) {
+		close(src.proceed)
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	close(src.proceed)
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Acked == 2 }) {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(done, []string{"first", "second"}) {
+		t.Fatalf("key k's effects in the order %v: want first (its redelivery), then second", done)
+	}
+}
