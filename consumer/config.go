@@ -81,6 +81,14 @@ const (
 	DefaultReceiveBatch = 64
 )
 
+// Upper bounds of Config fields: the engine allocates a goroutine per
+// worker and buffers per in-flight message, so a larger value is a mistake
+// (a unit or a shift gone wrong), refused by New rather than tried.
+const (
+	MaxConcurrency = 1 << 16
+	MaxInFlightMax = 1 << 20
+)
+
 // Config configures a Consumer. The zero value means the documented
 // defaults.
 type Config struct {
@@ -95,11 +103,12 @@ type Config struct {
 	// DefaultConcurrency (4). The engine runs that many workers; when
 	// handlers are cheaper than handing a message to another goroutine, the
 	// receiving goroutine runs them itself, taking one of the Concurrency
-	// places while it does.
+	// places while it does. At most MaxConcurrency.
 	Concurrency int
 	// MaxInFlight bounds the messages received and not yet settled: running,
 	// waiting for their key, or waiting in place for a retry. It must be at
-	// least Concurrency. Default Concurrency × DefaultInFlightPerWorker.
+	// least Concurrency and at most MaxInFlightMax. Default Concurrency ×
+	// DefaultInFlightPerWorker, at most MaxInFlightMax.
 	MaxInFlight int
 	// ReceiveBatch is the most messages asked of the source in one Receive.
 	// Default DefaultReceiveBatch (64), never more than MaxInFlight.
@@ -158,7 +167,7 @@ func (c Config) withDefaults() Config {
 		c.Concurrency = DefaultConcurrency
 	}
 	if c.MaxInFlight == 0 {
-		c.MaxInFlight = c.Concurrency * DefaultInFlightPerWorker
+		c.MaxInFlight = min(c.Concurrency*DefaultInFlightPerWorker, MaxInFlightMax)
 	}
 	if c.ReceiveBatch == 0 {
 		c.ReceiveBatch = DefaultReceiveBatch
@@ -181,8 +190,12 @@ func (c Config) validate() error {
 	switch {
 	case c.Concurrency < 0:
 		return fmt.Errorf("consumer: Concurrency = %d: must be positive (0 means %d)", c.Concurrency, DefaultConcurrency)
+	case c.Concurrency > MaxConcurrency:
+		return fmt.Errorf("consumer: Concurrency = %d: at most MaxConcurrency (%d)", c.Concurrency, MaxConcurrency)
 	case c.MaxInFlight < 0:
 		return fmt.Errorf("consumer: MaxInFlight = %d: must be positive (0 means Concurrency × %d)", c.MaxInFlight, DefaultInFlightPerWorker)
+	case c.MaxInFlight > MaxInFlightMax:
+		return fmt.Errorf("consumer: MaxInFlight = %d: at most MaxInFlightMax (%d)", c.MaxInFlight, MaxInFlightMax)
 	case c.MaxInFlight > 0 && c.MaxInFlight < cmp.Or(c.Concurrency, DefaultConcurrency):
 		return fmt.Errorf("consumer: MaxInFlight = %d is below Concurrency = %d: workers would idle", c.MaxInFlight, cmp.Or(c.Concurrency, DefaultConcurrency))
 	case c.ReceiveBatch < 0:

@@ -354,6 +354,12 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 	}{
 		{consumer.Config{Concurrency: -1}, "Concurrency = -1"},
 		{consumer.Config{Concurrency: 8, MaxInFlight: 4}, "MaxInFlight = 4 is below Concurrency = 8"},
+		// Sizes the engine would allocate: before, New accepted them and
+		// Run panicked (makechan: size out of range), or Concurrency × 16
+		// wrapped to a MaxInFlight of 0.
+		{consumer.Config{MaxInFlight: 1 << 50}, "MaxInFlight = 1125899906842624: at most MaxInFlightMax"},
+		{consumer.Config{Concurrency: 1 << 60}, "Concurrency = 1152921504606846976: at most MaxConcurrency"},
+		{consumer.Config{Concurrency: consumer.MaxConcurrency + 1, MaxInFlight: consumer.MaxInFlightMax}, "Concurrency = 65537"},
 		{consumer.Config{Ordering: 9}, "Ordering = 9"},
 		{consumer.Config{RetryMode: consumer.RetryBroker}, "cannot delay"},
 		{consumer.Config{DrainTimeout: -5}, "DrainTimeout = -5ns"},
@@ -367,6 +373,14 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New(%+v) = %v, want error containing %q", tc.cfg, err, tc.want)
 		}
+	}
+	// The largest Concurrency is valid, its default MaxInFlight capped.
+	c, err := consumer.New(src, h, consumer.Config{Concurrency: consumer.MaxConcurrency})
+	if err != nil {
+		t.Fatalf("Concurrency = MaxConcurrency refused: %v", err)
+	}
+	if got := consumer.MaxInFlightOf(c); got != consumer.MaxInFlightMax {
+		t.Errorf("MaxInFlight defaulted to %d, want MaxInFlightMax", got)
 	}
 	if _, err := consumer.New(nil, h, consumer.Config{}); err == nil {
 		t.Error("nil source accepted")

@@ -38,3 +38,6 @@ func FailedSettles(c *Consumer) int {
 
 // Stopping reports whether c's Run has begun its drain.
 func Stopping(c *Consumer) bool { return c.stopping.Load() }
+
+// MaxInFlightOf is c's MaxInFlight, defaults applied.
+func MaxInFlightOf(c *Consumer) int { return c.cfg.MaxInFlight }
