@@ -134,8 +134,8 @@ type Recycler interface {
 // decompressed record batch) it came from, and keeps all of it alive as long
 // as the message is kept. Detach gives msg's Payload memory of its own. The
 // engine calls it when a message starts waiting in place (a retry in place,
-// a redelivery held after a failed settle, a message held by the open
-// breaker), which may last long: without it, every waiting message would
+// a failed move tried again, a redelivery held after a failed settle, a
+// message held by the open breaker), which may last long: without it, every waiting message would
 // keep a whole fetch in memory. It is called while no handler runs msg, and
 // must be safe for concurrent use on different messages.
 type Detacher interface {
