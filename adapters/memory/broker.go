@@ -39,6 +39,9 @@ type Config struct {
 	DisableHistory bool
 	// Queue is the configuration of queues created implicitly (by Sink,
 	// QueueSource, a dead-lettering or a "mem://" URL without parameters).
+	// When its DeadLetter names a queue, that queue itself, created
+	// implicitly, dead-letters into its name + DeadLetterSuffix: never into
+	// itself.
 	Queue QueueConfig
 	// Topic is the configuration of topics created implicitly (by JoinGroup
 	// on a topic that does not exist).
@@ -244,7 +247,15 @@ func (b *Broker) queue(name string, cfg *QueueConfig) (*queue, error) {
 	}
 	return lookupOrCreate(b, name, "queue", cfg != nil, want,
 		func(q *queue) QueueConfig { return q.cfg },
-		func() QueueConfig { return b.qdef.withDefaults(name) },
+		func() QueueConfig {
+			c := b.qdef.withDefaults(name)
+			if c.DeadLetter == name {
+				// The shared dead-letter queue of Config.Queue is not its
+				// own (a message at MaxReceives would move into itself).
+				c.DeadLetter = deadLetterName(name, "")
+			}
+			return c
+		},
 		func(c QueueConfig) *queue { return newQueue(b, name, c) })
 }
 

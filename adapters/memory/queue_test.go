@@ -894,3 +894,30 @@ func TestQueueCrash(t *testing.T) {
 		t.Fatalf("attempt %d", m.Attempt)
 	}
 }
+
+// A broker whose implicit queues share one dead-letter queue (Config.Queue
+// with DeadLetter set): that queue, created implicitly too, does not
+// dead-letter into itself (an explicit QueueConfig saying so is refused)
+// but into its name + ".dlq".
+func TestSharedDeadLetterQueueIsNotItsOwn(t *testing.T) {
+	t.Parallel()
+	clk := memory.NewVirtualClock(time.Time{})
+	b, err := memory.New(memory.Config{Clock: clk, Queue: memory.QueueConfig{DeadLetter: "dead", MaxReceives: 1, Lease: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := b.QueueSource("dead")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	memorytest.Publish(t, b, "dead", msg("a", ""))
+	recvOne(t, src)
+	clk.Advance(time.Second) // its lease ran out: its one receive is spent
+	requireNothing(t, src)
+	memorytest.RequireDeadLettered(t, b, "dead", "a", dlq.ReasonMaxAttempts)
+	msgs, err := b.Messages("dead.dlq")
+	if err != nil || len(msgs) != 1 || msgs[0].ID != "a" {
+		t.Fatalf("dead.dlq = %v, %v: want the dead letter there", msgs, err)
+	}
+}
