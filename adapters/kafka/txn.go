@@ -102,6 +102,9 @@ type txnRecord struct {
 	offset    int64
 }
 
+// maxTxnAttempts bounds TransactSession.attempts (see countAttempts).
+const maxTxnAttempts = 1 << 16
+
 // txnAttempt is what is known of an input record's aborted deliveries.
 type txnAttempt struct {
 	n     int       // deliveries so far
@@ -349,9 +352,14 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 // dead-letter a poison record), or forgets the records of a committed batch
 // and any below them in its partitions (aborted here, committed since by
 // another member). A record whose partition moved to another member starts
-// again from 1 there.
+// again from 1 there. The records of partitions this member lost after an
+// abort are never committed here: the count is forgotten whole when it
+// holds more than maxTxnAttempts records, so that it stays bounded.
 func (s *TransactSession) countAttempts(fetches kgo.Fetches, delivered []txnRecord, committed bool) {
 	if !committed {
+		if len(s.attempts)+len(delivered) > maxTxnAttempts {
+			clear(s.attempts)
+		}
 		now := time.Now()
 		for _, r := range delivered {
 			a := s.attempts[r]
