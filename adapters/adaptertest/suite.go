@@ -39,6 +39,7 @@ func Run(t *testing.T, h Harness) {
 		fn   func(*testing.T, Harness)
 	}{
 		{"PublishReceive", testPublishReceive},
+		{"SinkDropsHopHeaders", testSinkDropsHopHeaders},
 		{"CrashBeforeAckRedelivers", testCrashBeforeAck},
 		{"RedeliveryDelayHonoured", testRedeliveryDelay},
 		{"AttemptCountIncrements", testAttempts},
@@ -257,6 +258,30 @@ func testPublishReceive(t *testing.T, h Harness) {
 		if got.Source == "" {
 			t.Errorf("%s: Source not set", want.ID)
 		}
+	}
+}
+
+// testSinkDropsHopHeaders: a message published through the Sink with the
+// engine's hop headers (a handler forwarding the headers of a retry it
+// handled) arrives as a new message: at attempt 1, without them.
+func testSinkDropsHopHeaders(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{})
+	in := batch(1, 1)
+	in[0].Headers.Set(ackwise.HeaderAttempt, "4")
+	in[0].Headers.Set(ackwise.HeaderFirstFailure, "2026-01-02T03:04:05Z")
+	in[0].Headers.Set("x-kept", "yes")
+	publish(t, f, in)
+	got := receiveOne(t, f.NewSource(t))
+	if got.Attempt != 1 || !got.FirstFailure.IsZero() {
+		t.Errorf("attempt %d, first failure %v: want 1 and none", got.Attempt, got.FirstFailure)
+	}
+	for _, k := range []string{ackwise.HeaderAttempt, ackwise.HeaderFirstFailure} {
+		if got.Headers.Has(k) {
+			t.Errorf("header %s = %q published", k, got.Headers.Get(k))
+		}
+	}
+	if got.Headers.Get("x-kept") != "yes" {
+		t.Errorf("header x-kept = %q, want the other headers kept", got.Headers.Get("x-kept"))
 	}
 }
 
