@@ -768,9 +768,15 @@ func (c *Consumer) release(msg *ackwise.Message) {
 // releaseTask releases t's message, observed as Released unless its last
 // outcome was an in-place Retried whose next attempt has not run
 // (task.retried): it is observed once, as Retried, as a message waiting at
-// the broker is.
+// the broker is; or a failed move waiting to be tried again (task.moves),
+// observed already, as SettleFailed.
 func (c *Consumer) releaseTask(t task) {
-	if t.retried {
+	if t.moves > 0 {
+		c.mu.Lock()
+		delete(c.moves, t.msg)
+		c.mu.Unlock()
+	}
+	if t.retried || t.moves > 0 {
 		_ = c.src.Release(context.Background(), t.msg)
 		return
 	}
