@@ -628,6 +628,11 @@ func (c *Consumer) move(t task, o Outcome, elapsed time.Duration, do func(ctx co
 	}
 	c.moves[msg] = pendingMove{o: o, do: do}
 	c.waitLocked(t, pause, false)
+	if b := c.breaker; b != nil && msg == b.probing {
+		// A probe being moved told nothing about the dependency: probe
+		// with the next held message meanwhile (see probeEnded).
+		c.probeEnded()
+	}
 	c.mu.Unlock()
 	return held
 }

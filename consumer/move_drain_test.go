@@ -3,11 +3,13 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/dlq"
 )
@@ -71,5 +73,57 @@ func TestPendingMoveAtDrainTimeoutObservedOnce(t *testing.T) {
 	defer src.mu.Unlock()
 	if len(src.released) != 1 || src.released[0] != poison {
 		t.Fatalf("released %v: want the poison, once", src.released)
+	}
+}
+
+// A probe of the open breaker that fails permanently, and whose dead letter
+// is refused, tells nothing about the dependency: while its dead letter
+// waits to be tried again, the next held message is probed, and its success
+// closes the breaker. Before, the waiting move kept the probe's place: as
+// long as the dead-letter destination refused, no other probe ran and
+// consumption stayed paused.
+func TestProbeWithPendingMoveProbesNext(t *testing.T) {
+	t.Parallel()
+	clock := memory.NewVirtualClock(time.Time{})
+	src := newFakeSource(adapters.Capabilities{Delay: true}, msgs(3, 3)...)
+	var calls atomic.Int64
+	c, err := consumer.New(failingDeadLetter{src}, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		switch calls.Add(1) {
+		case 1, 2, 3: // the first is nacked, the next two open the breaker
+			return errDown
+		case 4: // the first probe: a poison message
+			return ackwise.Permanent(errors.New("bad payload"))
+		}
+		return nil
+	}), consumer.Config{
+		Concurrency: 2,
+		Ordering:    consumer.OrderNone,
+		Clock:       clock,
+		Breaker:     &consumer.Breaker{Threshold: 2, ProbeInterval: time.Second, MaxProbeInterval: 4 * time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, c)
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Paused && s.Held == 2 }) {
+		t.Fatalf("breaker did not open holding 2: %+v", c.Stats())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := clock.WaitForTimers(ctx, 1); err != nil {
+		t.Fatal("probe timer not armed")
+	}
+	clock.Advance(time.Second) // the first probe
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed >= 1 }) {
+		t.Fatalf("the probe's dead letter was not tried: %+v", c.Stats())
+	}
+	for range 10 {
+		clock.Advance(4 * time.Second) // any later probe interval, and the move's pauses
+		if waitStats(c, 200*time.Millisecond, func(s consumer.Stats) bool { return !s.Paused }) {
+			break
+		}
+	}
+	if s := c.Stats(); s.Paused || calls.Load() != 5 || s.Acked != 1 {
+		t.Fatalf("stats %+v, %d handler calls: want the next held message probed and acked, the breaker closed", s, calls.Load())
 	}
 }
