@@ -571,27 +571,28 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	if c.caps.MaxDelay > 0 && delay > c.caps.MaxDelay {
 		delay = c.caps.MaxDelay
 	}
-	return c.move(t, Retried, elapsed, func(ctx context.Context) error { return c.src.Nack(ctx, msg, delay) })
+	return c.move(t, pendingMove{o: Retried, do: func(ctx context.Context) error { return c.src.Nack(ctx, msg, delay) }}, elapsed)
 }
 
 func (c *Consumer) deadLetter(t task, reason dlq.Reason, err error, class ackwise.Class, now time.Time, elapsed time.Duration) result {
 	msg := t.msg
 	env := dlq.New(msg, reason, err, class, now, c.cfg.Name, c.cfg.Version)
-	return c.move(t, DeadLettered, elapsed, func(ctx context.Context) error {
+	return c.move(t, pendingMove{o: DeadLettered, do: func(ctx context.Context) error {
 		if derr := c.src.DeadLetter(ctx, msg, env); derr != nil {
 			// Not confirmed: the message must not be acked (invariant 3).
 			return fmt.Errorf("dead-letter: %w", derr)
 		}
 		c.log.Warn("dead-lettered", slog.String("event_id", adapters.EventID(msg)), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
 		return nil
-	})
+	}}, elapsed)
 }
 
 // pendingMove is a move of a message (Nack, DeadLetter) that failed and
 // waits in place to be tried again (see move).
 type pendingMove struct {
-	o  Outcome
-	do func(ctx context.Context) error
+	o     Outcome
+	do    func(ctx context.Context) error
+	since time.Time // when it first failed
 }
 
 // move runs do, a move of t's message to the broker's delay (Nack) or to
@@ -604,13 +605,24 @@ type pendingMove struct {
 // share group at its delivery limit archives the record, a quorum queue
 // drops or dead-letters it, so a dead-letter destination refusing writes
 // for a few hundred milliseconds would lose the message. At stop the
-// message is released, unsettled.
-func (c *Consumer) move(t task, o Outcome, elapsed time.Duration, do func(ctx context.Context) error) result {
+// message is released, unsettled. On a source whose broker takes back a
+// delivery held too long (Capabilities.MaxHold: RabbitMQ's
+// consumer_timeout, which takes back every delivery of the channel), the
+// message is handed back once its move has failed for half of MaxHold.
+func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	msg := t.msg
-	err := do(c.settleCtx)
+	err := pm.do(c.settleCtx)
 	if err == nil || errors.Is(err, adapters.ErrReceiptInvalid) || c.stopping.Load() || !c.src.Valid(msg) {
-		return c.settle(t, o, elapsed, err)
+		return c.settle(t, pm.o, elapsed, err)
 	}
+	now := c.clock.Now()
+	if pm.since.IsZero() {
+		pm.since = now
+	}
+	if h := c.caps.MaxHold; h > 0 && now.Sub(pm.since) >= h/2 {
+		return c.settle(t, pm.o, elapsed, err)
+	}
+	o := pm.o
 	c.observe(msg, SettleFailed, elapsed)
 	t.moves = min(t.moves, 254) + 1
 	pause := min(10*time.Millisecond<<min(t.moves-1, 10), 5*time.Second)
@@ -626,7 +638,7 @@ func (c *Consumer) move(t task, o Outcome, elapsed time.Duration, do func(ctx co
 	if c.moves == nil {
 		c.moves = make(map[*ackwise.Message]pendingMove)
 	}
-	c.moves[msg] = pendingMove{o: o, do: do}
+	c.moves[msg] = pm
 	c.waitLocked(t, pause, false)
 	if b := c.breaker; b != nil && msg == b.probing {
 		// A probe being moved told nothing about the dependency: probe
@@ -650,7 +662,7 @@ func (c *Consumer) retryMove(t task) result {
 		_ = c.src.Release(context.Background(), t.msg)
 		return returned
 	}
-	return c.move(t, pm.o, 0, pm.do)
+	return c.move(t, pm, 0)
 }
 
 // settle records the outcome of a settle call: settled, or returned when it

@@ -81,6 +81,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if v.Plain {
 		s.caps = adapters.Capabilities{DeliveryCount: v.QueueType == Quorum}
 	}
+	if v.ConsumerTimeout > 0 {
+		s.caps.MaxHold = v.ConsumerTimeout
+	}
 	mp := v.MeterProvider
 	if mp == nil {
 		mp = noop.NewMeterProvider()
