@@ -139,10 +139,14 @@ func (m *metrics) Observe(msg *ackwise.Message, o Outcome, elapsed time.Duration
 	so := m.optsFor(source)
 	ctx := context.Background()
 	m.messages.Add(ctx, 1, so.add[o]...)
-	if o != Released {
+	// A zero elapsed is an outcome without a run of its own: a release, or
+	// a move tried again after it failed (its handler run was observed
+	// with the first failure). One duration and at most one redelivery per
+	// delivery: a released one counts, as its only outcome.
+	if elapsed > 0 {
 		m.duration.Record(ctx, elapsed.Seconds(), so.record[o]...)
 	}
-	if attempt > 1 && o != Retried {
+	if attempt > 1 && o != Retried && (elapsed > 0 || o == Released) {
 		m.redeliv.Add(ctx, 1, so.redel...)
 	}
 }

@@ -213,3 +213,47 @@ func BenchmarkMetricsObserve(b *testing.B) {
 		}
 	})
 }
+
+// A move that failed twice before the dead letter was written: the engine
+// observes settle-failed with the handler's run time, then settle-failed
+// and dead-lettered without a run (elapsed 0). The run is recorded once in
+// the duration histogram, the redelivery once; every outcome is counted.
+func TestMetricsMoveTriedAgainCountsOneRun(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	obs, err := consumer.NewMetrics(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)), "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &ackwise.Message{ID: "e", Source: "orders", Attempt: 2}
+	obs.Observe(m, consumer.SettleFailed, 3*time.Millisecond)
+	obs.Observe(m, consumer.SettleFailed, 0)
+	obs.Observe(m, consumer.DeadLettered, 0)
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	var messages, redeliveries int64
+	var runs uint64
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			switch mt.Name {
+			case consumer.MetricMessages:
+				for _, dp := range mt.Data.(metricdata.Sum[int64]).DataPoints {
+					messages += dp.Value
+				}
+			case consumer.MetricHandlerDuration:
+				for _, dp := range mt.Data.(metricdata.Histogram[float64]).DataPoints {
+					runs += dp.Count
+				}
+			case consumer.MetricRedeliveries:
+				for _, dp := range mt.Data.(metricdata.Sum[int64]).DataPoints {
+					redeliveries += dp.Value
+				}
+			}
+		}
+	}
+	if messages != 3 || runs != 1 || redeliveries != 1 {
+		t.Fatalf("messages %d, handler runs %d, redeliveries %d: want 3, 1, 1", messages, runs, redeliveries)
+	}
+}
