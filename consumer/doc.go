@@ -44,8 +44,8 @@
 // with it) comes back at once; the engine remembers it by Source and
 // BrokerID and holds each redelivery in place (in flight, its lane held,
 // its lease extended, at the same attempt), 10ms doubling per failure in a
-// row up to 5s, so that the redeliveries do not spin. The other messages are not held back. A message without a
-// broker ID (an AMQP message published without a message-id) is recognised
+// row up to 5s, so that the redeliveries do not spin. The other messages
+// are not held back. A message without a broker ID (an AMQP message published without a message-id) is recognised
 // by its Source, Key, ID and Payload as received (what the handler changes
 // in the message does not count); two such messages alike in all four
 // count as one.

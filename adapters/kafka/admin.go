@@ -73,12 +73,12 @@ func missingTopics(ctx context.Context, cl *kgo.Client, topics []string) ([]stri
 	return missing, nil
 }
 
-// checkWriteTopics checks the topics a source writes to. Missing retry
-// topics are an error: every retry move would fail, and the record come
-// back at the same attempt, for ever. A missing dead-letter topic is only
-// logged (at Error), and so is a failure to look it up (at Warn): a source
-// that never dead-letters (the CLI reading a dead-letter topic) has none,
-// and may not be allowed to describe it; every dead letter to it fails
+// checkWriteTopics checks the topics a source writes to. Missing retry topics
+// are an error: every retry move would fail, and the engine would try it
+// again in place for ever, the record's key held. A missing dead-letter topic
+// is only logged (at Error), and so is a failure to look it up (at Warn): a
+// source that never dead-letters (the CLI reading a dead-letter topic) has
+// none, and may not be allowed to describe it; every dead letter to it fails
 // loudly.
 func checkWriteTopics(ctx context.Context, cl *kgo.Client, cfg Config, retryTopics []string) error {
 	missing, err := missingTopics(ctx, cl, retryTopics)

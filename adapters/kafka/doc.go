@@ -35,18 +35,18 @@
 // batches take their uncompressed size). A delivered message's Payload is
 // not copied: while its handler runs it keeps the fetch it came from alive
 // (its record batch, when compressed). The engine has a message that starts
-// waiting in place (a retry, a held redelivery, the open breaker) copy its
-// payload first ([Source.Detach]), so a waiting message keeps only its own
-// bytes (docs/kafka.md, Memory).
+// waiting in place (a retry, a failed move tried again, a held redelivery,
+// the open breaker) copy its payload first ([Source.Detach]), so a waiting
+// message keeps only its own bytes (docs/kafka.md, Memory).
 //
-// A released record ([Source.Release]: shutdown, a settle that failed) is
-// never committed past; while this member keeps its partition, the source
-// rewinds the partition's fetch position to it, so it is delivered again
-// (records after it that were delivered before are fetched again and
-// skipped). Records of the partition fetched but not yet delivered wait for
-// it (they are fetched again after it), so none overtakes its redelivery.
-// A released record gone from the log by the time the rewind fetches it
-// (compaction, retention) is given up with a warning.
+// A released record ([Source.Release]: shutdown, including a move still
+// failing when the drain began) is never committed past; while this member
+// keeps its partition, the source rewinds the partition's fetch position to
+// it, so it is delivered again (records after it that were delivered before
+// are fetched again and skipped). Records of the partition fetched but not
+// yet delivered wait for it (they are fetched again after it), so none
+// overtakes its redelivery. A released record gone from the log by the time
+// the rewind fetches it (compaction, retention) is given up with a warning.
 //
 // A revoked partition's records become invalid: [Source.Valid] reports false
 // and a later settle returns an error wrapping [adapters.ErrReceiptInvalid]; records of a revoked partition

@@ -192,8 +192,12 @@
 //
 // Config.Plain (plain=true in the URL) consumes a queue as it is, without
 // the topology above: a dead-letter queue to inspect or redrive with
-// dlq.Redrive or the ackwise CLI. Only the queue's existence is checked; Nack
-// and DeadLetter return ErrPlain, so the engine retries in place.
+// dlq.Redrive or the ackwise CLI. Only the queue's existence is checked, and
+// DelayTiers or DeadLetterQueue beside Plain are refused. Nack and
+// DeadLetter return ErrPlain: the engine retries a transient failure in
+// place (Capabilities.Delay is false), but a message it dead-letters (a
+// permanent failure, its attempts run out) stays in flight, its dead letter
+// tried again in place until the consumer stops, and is then handed back.
 //
 // # Concurrency
 //
