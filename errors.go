@@ -85,7 +85,9 @@ func RetryAfter(err error, d time.Duration) error {
 
 // Discard marks err as discardable: the message is acknowledged and dropped,
 // counted but not dead-lettered. Use it for messages that are obsolete, not for
-// ones that are broken. Discard(nil) is nil: the message is handled.
+// ones that are broken. Joined with an error not marked Discard, it does not
+// drop the message (see [ClassOf]). Discard(nil) is nil: the message is
+// handled.
 func Discard(err error) error {
 	if err == nil {
 		return nil

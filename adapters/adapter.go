@@ -19,7 +19,9 @@ var ErrReceiptInvalid = errors.New("adapters: receipt no longer valid")
 var ErrClosed = errors.New("adapters: closed")
 
 // Capabilities says what a source's broker can do. The engine picks its
-// strategy from these flags, never from type assertions.
+// strategy from these flags, never from type assertions; only the optional
+// cost-saving interfaces ([Recycler], [BatchAcker], [Detacher]) are found by
+// type assertion.
 type Capabilities struct {
 	// Log means the source is a partitioned log (Kafka): messages carry
 	// Partition and Offset, Ack marks a record settled, and the source commits

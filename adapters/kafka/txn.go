@@ -64,8 +64,11 @@ type Output struct {
 // Attempt one higher and FirstFailure set (every record the aborted batch
 // delivered, not only the failing one), so a Transform can dead-letter a
 // record that failed too often; the count is kept by the session in memory
-// and starts again from 1 on another member or after a restart. A panic in
-// a Transform aborts the transaction, then goes on out of Run.
+// and starts again from 1 on another member, after a restart, or when the
+// session forgets all its counts at once because they would cover more than
+// 65,536 records (records of partitions lost after an abort are never
+// committed here). A panic in a Transform aborts the transaction (the batch
+// is consumed again, its attempts counted), then goes on out of Run.
 type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output)) error
 
 // TransactSession is Kafka-to-Kafka exactly-once processing

@@ -98,7 +98,8 @@ func TiersFor(p retry.Policy) []time.Duration {
 type Config struct {
 	// URL is the broker's AMQP URI, amqp://user:password@host:port/vhost or
 	// amqps://… for TLS (the vhost is the path, as in RabbitMQ's URI spec).
-	// Required. It never appears in logs or errors with its password.
+	// Required. It never appears in logs or errors with its password, nor
+	// where the Config is printed (see [Config.String]).
 	URL string
 	// TLS configures TLS for amqps URLs; it is an error with an amqp:// URL.
 	// Nil means the system roots and the URL's host as server name. It is
@@ -195,7 +196,9 @@ type SinkConfig struct {
 // MarshalJSON give the fields with the URL as redactedURL gives it. So a
 // Config marshalled to JSON does not unmarshal to a working one.
 
-// String formats c as %+v formats its fields.
+// String formats c as %+v formats its fields, with the URL's password
+// replaced (GoString, LogValue and MarshalJSON too), so that a printed or
+// logged Config never shows it.
 func (c Config) String() string { return fmt.Sprintf("%+v", c.redacted()) }
 
 // GoString formats c as %#v formats its fields.
@@ -216,7 +219,8 @@ func (c Config) redacted() configFields {
 	return f
 }
 
-// String formats c as %+v formats its fields.
+// String formats c as %+v formats its fields, with the URL's password
+// replaced (GoString, LogValue and MarshalJSON too).
 func (c SinkConfig) String() string { return fmt.Sprintf("%+v", c.redacted()) }
 
 // GoString formats c as %#v formats its fields.
