@@ -137,6 +137,12 @@ func markOf(err error) *classified {
 		if all {
 			return discard
 		}
+	case interface{ As(any) bool }:
+		// An error that converts itself (errors.As honours the method).
+		var c *classified
+		if e.As(&c) {
+			return c
+		}
 	}
 	return nil
 }

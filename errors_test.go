@@ -13,6 +13,30 @@ import (
 
 type httpError struct{ status int }
 
+// asOnly converts itself to the errors it holds through As and Is methods,
+// without Unwrap, as multi-error types written before errors.Join did.
+type asOnly struct{ errs []error }
+
+func (e asOnly) Error() string { return "several errors" }
+
+func (e asOnly) Is(target error) bool {
+	for _, err := range e.errs {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+func (e asOnly) As(target any) bool {
+	for _, err := range e.errs {
+		if errors.As(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
 func (e *httpError) Error() string { return http.StatusText(e.status) }
 
 func TestClassSurvivesWrapping(t *testing.T) {
@@ -41,6 +65,8 @@ func TestClassSurvivesWrapping(t *testing.T) {
 		{"several %w", fmt.Errorf("%w and %w", ackwise.Discard(base), errors.New("db down")), ackwise.ClassTransient, 0},
 		{"joined deep mark first", errors.Join(fmt.Errorf("a: %w", ackwise.Permanent(base)), ackwise.Discard(errors.New("x"))), ackwise.ClassPermanent, 0},
 		{"joined first mark wins", errors.Join(ackwise.Permanent(base), ackwise.RetryAfter(errors.New("429"), time.Second)), ackwise.ClassPermanent, 0},
+		// errors.As honours an As method; so does the classification.
+		{"As method", fmt.Errorf("w: %w", asOnly{[]error{base, ackwise.Permanent(errors.New("bad"))}}), ackwise.ClassPermanent, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
