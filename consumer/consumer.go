@@ -612,7 +612,9 @@ type pendingMove struct {
 func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	msg := t.msg
 	err := pm.do(c.settleCtx)
-	if err == nil || errors.Is(err, adapters.ErrReceiptInvalid) || c.stopping.Load() || !c.src.Valid(msg) {
+	if err == nil || errors.Is(err, adapters.ErrReceiptInvalid) || errors.Is(err, errors.ErrUnsupported) || c.stopping.Load() || !c.src.Valid(msg) {
+		// Settled, or not this consumer's any more, or a move the source
+		// can never make (a plain RabbitMQ queue has nowhere to move to).
 		return c.settle(t, pm.o, elapsed, err)
 	}
 	now := c.clock.Now()

@@ -589,3 +589,33 @@ func TestFailedMoveHandedBackWithinMaxHold(t *testing.T) {
 		t.Fatalf("handler ran %d times before the hand-back, want 1", runs.Load())
 	}
 }
+
+// unsupportedMoves cannot dead-letter at all (a plain RabbitMQ queue: its
+// DeadLetter returns an error wrapping errors.ErrUnsupported).
+type unsupportedMoves struct{ *fakeSource }
+
+func (unsupportedMoves) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope) error {
+	return fmt.Errorf("plain source: %w", errors.ErrUnsupported)
+}
+
+// A move the source can never make is not tried again in place: the
+// message is handed back at once, as a failed settle.
+func TestUnsupportedMoveNotTriedAgain(t *testing.T) {
+	t.Parallel()
+	src := unsupportedMoves{newFakeSource(adapters.Capabilities{}, msgs(1, 1)...)}
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		return ackwise.Permanent(errors.New("invalid order"))
+	}), consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, c)
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed == 1 && s.InFlight == 0 }) {
+		t.Fatalf("stats %+v: want one failed settle, handed back", c.Stats())
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if len(src.released) != 1 {
+		t.Fatalf("released %d, want 1", len(src.released))
+	}
+}

@@ -124,9 +124,9 @@ type Config struct {
 	// redrive, a queue ackwise did not set up: no wait queues and no
 	// dead-letter queue are declared or checked, only that Queue exists.
 	// Nack and DeadLetter return ErrPlain and Capabilities.Delay is false
-	// (the engine retries in place; a dead letter it tries again in place
-	// until the consumer stops, see the package doc). It cannot be combined
-	// with DeclareTopology, DelayTiers or DeadLetterQueue.
+	// (the engine retries in place; a message it dead-letters is handed
+	// back, see the package doc). It cannot be combined with
+	// DeclareTopology, DelayTiers or DeadLetterQueue.
 	Plain bool
 	// DelayTiers are the redelivery delays, one wait queue per tier, named
 	// WaitQueueName(Queue, tier). Nack rounds a delay up to the next tier and

@@ -196,8 +196,11 @@
 // DelayTiers or DeadLetterQueue beside Plain are refused. Nack and
 // DeadLetter return ErrPlain: the engine retries a transient failure in
 // place (Capabilities.Delay is false), but a message it dead-letters (a
-// permanent failure, its attempts run out) stays in flight, its dead letter
-// tried again in place until the consumer stops, and is then handed back.
+// permanent failure, its attempts run out) is handed back (nack, requeue),
+// as after any settle that failed: ErrPlain wraps errors.ErrUnsupported,
+// so the dead letter is not tried again in place. Such a message comes
+// back and fails again, each redelivery held a little longer (up to 5s):
+// consume a plain queue with a handler that does not fail permanently.
 //
 // # Concurrency
 //

@@ -30,8 +30,9 @@ var ErrNacked = errors.New("rabbitmq: broker refused the message")
 
 // ErrPlain is returned (wrapped) by Nack and DeadLetter on a source opened
 // with Config.Plain: a plain queue has no wait queues and no dead-letter
-// queue to move a message to.
-var ErrPlain = errors.New("rabbitmq: plain source: no wait or dead-letter queues")
+// queue to move a message to. It wraps errors.ErrUnsupported, so the engine
+// does not try such a move again.
+var ErrPlain = fmt.Errorf("rabbitmq: plain source: no wait or dead-letter queues: %w", errors.ErrUnsupported)
 
 // errConnLost marks a publish whose confirmation never came because its
 // channel died; the publisher sends it again on the next channel.
