@@ -65,9 +65,9 @@ type Output struct {
 // delivered, not only the failing one), so a Transform can dead-letter a
 // record that failed too often; the count is kept by the session in memory
 // and starts again from 1 on another member, after a restart, or when the
-// session forgets all its counts at once because they would cover more than
-// 65,536 records (records of partitions lost after an abort are never
-// committed here). A panic in a Transform aborts the transaction (the batch
+// session, counting more than 65,536 records, forgets all but those of the
+// batch it just aborted (records of partitions lost after an abort are
+// never committed here). A panic in a Transform aborts the transaction (the batch
 // is consumed again, its attempts counted), then goes on out of Run.
 type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output)) error
 
@@ -356,12 +356,20 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 // and any below them in its partitions (aborted here, committed since by
 // another member). A record whose partition moved to another member starts
 // again from 1 there. The records of partitions this member lost after an
-// abort are never committed here: the count is forgotten whole when it
-// holds more than maxTxnAttempts records, so that it stays bounded.
+// abort are never committed here: when the count holds more than
+// maxTxnAttempts records, all but the batch's own are forgotten, so that it
+// stays bounded.
 func (s *TransactSession) countAttempts(fetches kgo.Fetches, delivered []txnRecord, committed bool) {
 	if !committed {
-		if len(s.attempts)+len(delivered) > maxTxnAttempts {
-			clear(s.attempts)
+		if len(s.attempts) > maxTxnAttempts {
+			// Forget all but this batch's records.
+			keep := make(map[txnRecord]txnAttempt, len(delivered))
+			for _, r := range delivered {
+				if a, ok := s.attempts[r]; ok {
+					keep[r] = a
+				}
+			}
+			s.attempts = keep
 		}
 		now := time.Now()
 		for _, r := range delivered {

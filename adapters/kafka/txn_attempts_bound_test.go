@@ -14,12 +14,23 @@ func TestTransactAttemptsBounded(t *testing.T) {
 			batch[i] = txnRecord{"t", int32(round), int64(i)}
 		}
 		s.countAttempts(nil, batch, false)
-		if len(s.attempts) > maxTxnAttempts {
-			t.Fatalf("round %d: %d records counted, above %d", round, len(s.attempts), maxTxnAttempts)
+		if len(s.attempts) > maxTxnAttempts+2*len(batch) {
+			t.Fatalf("round %d: %d records counted, above %d and a batch", round, len(s.attempts), maxTxnAttempts)
 		}
 	}
 	// The last batch's records are counted.
 	if a := s.attempts[txnRecord{"t", 199, 5}]; a.n != 1 {
 		t.Fatalf("last aborted record counted %d times, want 1", a.n)
+	}
+	// A batch larger than the bound is counted too: aborted twice, its
+	// records come back at attempt 3.
+	big := make([]txnRecord, maxTxnAttempts+10)
+	for i := range big {
+		big[i] = txnRecord{"big", 0, int64(i)}
+	}
+	s.countAttempts(nil, big, false)
+	s.countAttempts(nil, big, false)
+	if a := s.attempts[txnRecord{"big", 0, 7}]; a.n != 2 {
+		t.Fatalf("a record of a batch above the bound counted %d times after two aborts, want 2", a.n)
 	}
 }
