@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,8 +41,8 @@ type Config struct {
 	// Queue is the configuration of queues created implicitly (by Sink,
 	// QueueSource, a dead-lettering or a "mem://" URL without parameters).
 	// When its DeadLetter names a queue, that queue itself, created
-	// implicitly, dead-letters into its name + DeadLetterSuffix: never into
-	// itself.
+	// implicitly, dead-letters into its name + DeadLetterSuffix, and so on
+	// down the chain: never into itself or back up the chain.
 	Queue QueueConfig
 	// Topic is the configuration of topics created implicitly (by JoinGroup
 	// on a topic that does not exist).
@@ -249,9 +250,11 @@ func (b *Broker) queue(name string, cfg *QueueConfig) (*queue, error) {
 		func(q *queue) QueueConfig { return q.cfg },
 		func() QueueConfig {
 			c := b.qdef.withDefaults(name)
-			if c.DeadLetter == name {
-				// The shared dead-letter queue of Config.Queue is not its
-				// own (a message at MaxReceives would move into itself).
+			if d := b.qdef.DeadLetter; d != "" && (name == d || strings.HasPrefix(name, d+DeadLetterSuffix)) {
+				// The shared dead-letter queue of Config.Queue, and the
+				// dead-letter queues below it, dead-letter into their own
+				// name + DeadLetterSuffix: never into themselves or back
+				// up the chain (a message at MaxReceives would go round).
 				c.DeadLetter = deadLetterName(name, "")
 			}
 			return c

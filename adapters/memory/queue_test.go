@@ -921,3 +921,30 @@ func TestSharedDeadLetterQueueIsNotItsOwn(t *testing.T) {
 		t.Fatalf("dead.dlq = %v, %v: want the dead letter there", msgs, err)
 	}
 }
+
+// Down the chain too: the shared dead-letter queue's own dead-letter queue
+// dead-letters further down, not back into the shared one.
+func TestSharedDeadLetterChainDoesNotCycle(t *testing.T) {
+	t.Parallel()
+	clk := memory.NewVirtualClock(time.Time{})
+	b, err := memory.New(memory.Config{Clock: clk, Queue: memory.QueueConfig{DeadLetter: "dead", MaxReceives: 1, Lease: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := b.QueueSource("dead.dlq")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	memorytest.Publish(t, b, "dead.dlq", msg("a", ""))
+	recvOne(t, src)
+	clk.Advance(time.Second)
+	requireNothing(t, src)
+	if msgs, err := b.Messages("dead"); err == nil && len(msgs) != 0 {
+		t.Fatalf("dead = %v: the chain went back up", msgs)
+	}
+	msgs, err := b.Messages("dead.dlq.dlq")
+	if err != nil || len(msgs) != 1 || msgs[0].ID != "a" {
+		t.Fatalf("dead.dlq.dlq = %v, %v: want the dead letter there", msgs, err)
+	}
+}
