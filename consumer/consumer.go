@@ -612,29 +612,24 @@ type pendingMove struct {
 func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	msg := t.msg
 	err := pm.do(c.settleCtx)
-	if err == nil || errors.Is(err, adapters.ErrReceiptInvalid) || errors.Is(err, errors.ErrUnsupported) || c.stopping.Load() || !c.src.Valid(msg) {
-		// Settled, or not this consumer's any more, or a move the source
-		// can never make (a plain RabbitMQ queue has nowhere to move to).
-		return c.settle(t, pm.o, elapsed, err)
-	}
-	now := c.clock.Now()
 	if pm.since.IsZero() {
-		pm.since = now
+		pm.since = c.clock.Now()
 	}
-	if h := c.caps.MaxHold; h > 0 && now.Sub(pm.since) >= h/2 {
+	if err == nil || errors.Is(err, adapters.ErrReceiptInvalid) || errors.Is(err, errors.ErrUnsupported) ||
+		c.stopping.Load() || !c.src.Valid(msg) || c.caps.MaxHold > 0 && c.clock.Now().Sub(pm.since) >= c.caps.MaxHold/2 {
+		// Settled; or not this consumer's any more; or a move the source
+		// can never make (a plain RabbitMQ queue has nowhere to move to);
+		// or held long enough that the broker would take it back.
 		return c.settle(t, pm.o, elapsed, err)
 	}
-	o := pm.o
 	c.observe(msg, SettleFailed, elapsed)
 	t.moves = min(t.moves, 254) + 1
 	pause := min(10*time.Millisecond<<min(t.moves-1, 10), 5*time.Second)
-	c.log.Error("settle failed; trying again in place", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Int("tries", int(t.moves)), slog.Duration("retry_in", pause), slog.Any("error", err))
+	c.log.Error("settle failed; trying again in place", slog.String("outcome", pm.o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Int("tries", int(t.moves)), slog.Duration("retry_in", pause), slog.Any("error", err))
 	c.mu.Lock()
 	if c.stopping.Load() {
 		c.mu.Unlock()
-		// No new waits during the drain: hand it back (observed once, as
-		// SettleFailed).
-		_ = c.src.Release(context.Background(), msg)
+		c.releaseTask(t) // no new waits during the drain
 		return returned
 	}
 	if c.moves == nil {
@@ -656,14 +651,14 @@ func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 // longer this consumer's (observed once, as SettleFailed, when its move
 // failed).
 func (c *Consumer) retryMove(t task) result {
+	if c.stopping.Load() || !c.src.Valid(t.msg) {
+		c.releaseTask(t)
+		return returned
+	}
 	c.mu.Lock()
 	pm := c.moves[t.msg]
 	delete(c.moves, t.msg)
 	c.mu.Unlock()
-	if c.stopping.Load() || !c.src.Valid(t.msg) {
-		_ = c.src.Release(context.Background(), t.msg)
-		return returned
-	}
 	return c.move(t, pm, 0)
 }
 
