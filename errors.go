@@ -119,6 +119,16 @@ func markOf(err error) *classified {
 		return nil
 	case *classified:
 		return e // the outermost mark of a chain
+	}
+	if x, ok := err.(interface{ As(any) bool }); ok {
+		// An error that converts itself, tried before it is unwrapped, as
+		// errors.As tries it.
+		var c *classified
+		if x.As(&c) {
+			return c
+		}
+	}
+	switch e := err.(type) {
 	case interface{ Unwrap() error }:
 		return markOf(e.Unwrap())
 	case interface{ Unwrap() []error }:
@@ -136,12 +146,6 @@ func markOf(err error) *classified {
 		}
 		if all {
 			return discard
-		}
-	case interface{ As(any) bool }:
-		// An error that converts itself (errors.As honours the method).
-		var c *classified
-		if e.As(&c) {
-			return c
 		}
 	}
 	return nil

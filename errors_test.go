@@ -37,6 +37,16 @@ func (e asOnly) As(target any) bool {
 	return false
 }
 
+// asAndUnwrap wraps cause and converts itself, through As, to what as
+// holds: errors.As tries the As method before it unwraps.
+type asAndUnwrap struct{ cause, as error }
+
+func (e asAndUnwrap) Error() string { return e.cause.Error() }
+
+func (e asAndUnwrap) Unwrap() error { return e.cause }
+
+func (e asAndUnwrap) As(target any) bool { return errors.As(e.as, target) }
+
 func (e *httpError) Error() string { return http.StatusText(e.status) }
 
 func TestClassSurvivesWrapping(t *testing.T) {
@@ -67,6 +77,7 @@ func TestClassSurvivesWrapping(t *testing.T) {
 		{"joined first mark wins", errors.Join(ackwise.Permanent(base), ackwise.RetryAfter(errors.New("429"), time.Second)), ackwise.ClassPermanent, 0},
 		// errors.As honours an As method; so does the classification.
 		{"As method", fmt.Errorf("w: %w", asOnly{[]error{base, ackwise.Permanent(errors.New("bad"))}}), ackwise.ClassPermanent, 0},
+		{"As method before Unwrap", asAndUnwrap{cause: base, as: ackwise.Permanent(errors.New("bad"))}, ackwise.ClassPermanent, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
