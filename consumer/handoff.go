@@ -448,7 +448,7 @@ func (c *Consumer) worker(ctx context.Context, w *workerState, quit <-chan struc
 			// After the drain deadline. releaseQueued may have looked at
 			// the workers before ch was taken off the work queue: release
 			// what it has not claimed.
-			c.releaseChunk(w, ch)
+			c.releaseChunk(w, ch, false)
 			return
 		}
 		for ch != nil {
@@ -596,7 +596,7 @@ func (c *Consumer) handOff(next *chunk) {
 		c.work <- next
 		return
 	}
-	c.releaseChunk(nil, next)
+	c.releaseChunk(nil, next, false)
 }
 
 // finishRan acks the successes among the messages w ran, then finishes them
@@ -650,12 +650,7 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 		// Their lanes stay busy until the last message queued is released:
 		// one received meanwhile is queued, and released too, and the lane
 		// is marked again as it goes idle (see finishOne).
-		for t, ok := drop.claim(); ok; t, ok = drop.claim() {
-			c.releaseLane(t, true)
-		}
-		c.mu.Lock()
-		c.recycleLocked(drop)
-		c.mu.Unlock()
+		c.releaseChunk(nil, drop, true)
 	}
 	return next
 }
@@ -798,10 +793,10 @@ func (c *Consumer) releaseLane(t task, remark bool) {
 
 // releaseChunk releases the tasks of ch that nobody claimed, with the
 // messages behind them in their lanes, and recycles ch. w, when not nil, is
-// the worker whose active chunk ch is.
-func (c *Consumer) releaseChunk(w *workerState, ch *chunk) {
+// the worker whose active chunk ch is; remark as for finishOne.
+func (c *Consumer) releaseChunk(w *workerState, ch *chunk, remark bool) {
 	for t, ok := ch.claim(); ok; t, ok = ch.claim() {
-		c.releaseLane(t, false)
+		c.releaseLane(t, remark)
 	}
 	c.mu.Lock()
 	if w != nil {
