@@ -51,12 +51,6 @@ type Capabilities struct {
 	// Ordered means the broker delivers messages of one key in publish order
 	// (a log partition, an SQS FIFO group, a Pub/Sub ordering key).
 	Ordered bool
-	// MaxHold is how long the broker lets a delivery stay unsettled,
-	// whatever the consumer does (RabbitMQ's consumer_timeout, after which
-	// it takes back every delivery of the channel); zero means no limit.
-	// The engine hands back a message whose move it has been trying again
-	// in place for half of it.
-	MaxHold time.Duration
 }
 
 // Source delivers messages from one queue, subscription or consumer group.

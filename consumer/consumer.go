@@ -590,9 +590,8 @@ func (c *Consumer) deadLetter(t task, reason dlq.Reason, err error, class ackwis
 // pendingMove is a move of a message (Nack, DeadLetter) that failed and
 // waits in place to be tried again (see move).
 type pendingMove struct {
-	o     Outcome
-	do    func(ctx context.Context) error
-	since time.Time // when it first failed
+	o  Outcome
+	do func(ctx context.Context) error
 }
 
 // move runs do, a move of t's message to the broker's delay (Nack) or to
@@ -605,21 +604,16 @@ type pendingMove struct {
 // share group at its delivery limit archives the record, a quorum queue
 // drops or dead-letters it, so a dead-letter destination refusing writes
 // for a few hundred milliseconds would lose the message. At stop the
-// message is released, unsettled. On a source whose broker takes back a
-// delivery held too long (Capabilities.MaxHold: RabbitMQ's
-// consumer_timeout, which takes back every delivery of the channel), the
-// message is handed back once its move has failed for half of MaxHold.
+// message is released, unsettled; and so is one that stops being Valid
+// meanwhile (RabbitMQ: a delivery held past ConsumerTimeoutWarn, before the
+// broker's consumer_timeout takes back every delivery of its channel).
 func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	msg := t.msg
 	err := pm.do(c.settleCtx)
-	if pm.since.IsZero() {
-		pm.since = c.clock.Now()
-	}
 	if err == nil || errors.Is(err, adapters.ErrReceiptInvalid) || errors.Is(err, errors.ErrUnsupported) ||
-		c.stopping.Load() || !c.src.Valid(msg) || c.caps.MaxHold > 0 && c.clock.Now().Sub(pm.since) >= c.caps.MaxHold/2 {
+		c.stopping.Load() || !c.src.Valid(msg) {
 		// Settled; or not this consumer's any more; or a move the source
-		// can never make (a plain RabbitMQ queue has nowhere to move to);
-		// or held long enough that the broker would take it back.
+		// can never make (a plain RabbitMQ queue has nowhere to move to).
 		return c.settle(t, pm.o, elapsed, err)
 	}
 	c.observe(msg, SettleFailed, elapsed)

@@ -544,52 +544,6 @@ func (refusingMoves) DeadLetter(context.Context, *ackwise.Message, dlq.Envelope)
 	return errors.New("dead-letter queue: NOT_FOUND")
 }
 
-// On a source whose broker takes back a delivery held too long
-// (Capabilities.MaxHold: RabbitMQ's consumer_timeout, which takes back every
-// delivery of the channel with it), a failed move is tried again in place
-// for half of MaxHold, then the message is handed back.
-func TestFailedMoveHandedBackWithinMaxHold(t *testing.T) {
-	t.Parallel()
-	clock := memory.NewVirtualClock(time.Unix(0, 0))
-	src := refusingMoves{newFakeSource(adapters.Capabilities{MaxHold: time.Minute}, msgs(1, 1)...)}
-	var runs atomic.Int32
-	c, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		runs.Add(1)
-		return ackwise.Permanent(errors.New("invalid order"))
-	}), consumer.Config{Clock: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	run(t, c)
-	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed == 1 }) {
-		t.Fatalf("first dead letter not tried; stats %+v", c.Stats())
-	}
-	// Tries after 10ms, 20ms... then every 5s: advance until it is handed
-	// back.
-	for i := 0; ; i++ {
-		src.mu.Lock()
-		released := len(src.released)
-		src.mu.Unlock()
-		if released == 1 {
-			break
-		}
-		if i == 100 {
-			t.Fatalf("not handed back after %v of failed dead letters (MaxHold 1m); stats %+v", clock.Now().Sub(time.Unix(0, 0)), c.Stats())
-		}
-		failed := c.Stats().SettleFailed
-		clock.Advance(5 * time.Second)
-		if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.SettleFailed > failed }) {
-			t.Fatalf("no try after advancing the clock; stats %+v", c.Stats())
-		}
-	}
-	if held := clock.Now().Sub(time.Unix(0, 0)); held < 30*time.Second || held > 40*time.Second {
-		t.Fatalf("handed back after %v of tries: want half of MaxHold (30s), give or take a pause", held)
-	}
-	if runs.Load() != 1 {
-		t.Fatalf("handler ran %d times before the hand-back, want 1", runs.Load())
-	}
-}
-
 // unsupportedMoves cannot dead-letter at all (a plain RabbitMQ queue: its
 // DeadLetter returns an error wrapping errors.ErrUnsupported).
 type unsupportedMoves struct{ *fakeSource }

@@ -140,13 +140,15 @@ type Config struct {
 	// ConsumerTimeout is the broker's consumer_timeout: a delivery held longer
 	// than this without an ack makes the broker close the channel, and every
 	// delivery on it is redelivered. Leases cannot be extended on RabbitMQ, so
-	// the source only warns (log and metric) when a delivery has been held
-	// for ConsumerTimeoutWarn. Zero means DefaultConsumerTimeout (the
-	// broker's default); -1 turns the warning off.
+	// the source warns (log and metric) when a delivery has been held for
+	// ConsumerTimeoutWarn, and from then on Valid reports it no longer
+	// valid: the engine hands it back (nack, requeue) rather than start its
+	// handler or try a failed move again. Zero means DefaultConsumerTimeout
+	// (the broker's default); -1 turns the warning and the hand-back off.
 	ConsumerTimeout time.Duration
 	// ConsumerTimeoutWarn is how long a delivery may be held before the
-	// warning. Zero means 80% of ConsumerTimeout; it must be zero when
-	// ConsumerTimeout is -1.
+	// warning and the hand-back. Zero means 80% of ConsumerTimeout; it must
+	// be zero when ConsumerTimeout is -1.
 	ConsumerTimeoutWarn time.Duration
 	// Heartbeat is the AMQP heartbeat interval, in whole seconds from 1s to
 	// 65535s. Zero means DefaultHeartbeat.

@@ -311,3 +311,59 @@ func TestStopWhileMoveWaits(t *testing.T) {
 		t.Fatalf("work queue holds %v, want the message handed back (redelivered)", got)
 	}
 }
+
+// TestMoveWaitEndsAtConsumerTimeoutWarn: a delivery held past
+// ConsumerTimeoutWarn is no longer Valid, so a failed move waiting in place
+// is handed back (a new delivery comes) before the broker's consumer_timeout
+// would take back every delivery of the channel.
+func TestMoveWaitEndsAtConsumerTimeoutWarn(t *testing.T) {
+	t.Parallel()
+	c := needBroker(t)
+	cfg := testConfig(t, Classic)
+	cfg.ConsumerTimeout, cfg.ConsumerTimeoutWarn = time.Minute, 400*time.Millisecond
+	declare(t, cfg)
+	v, err := cfg.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sink := newSink(t, SinkConfig{URL: testURL(), RoutingKey: cfg.Queue})
+	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "m", Key: "k", Payload: []byte("m")}); err != nil {
+		t.Fatal(err)
+	}
+	src := &movesSeen{Source: newSource(t, cfg), errs: make(chan error, 256)}
+	log := validLog{src.Source, make(chan seenOutcome, 256)}
+	deleteQueue(t, c, v.DeadLetterQueue)
+	var runs atomic.Int32
+	ran := make(chan time.Time, 64)
+	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		runs.Add(1)
+		ran <- time.Now()
+		return ackwise.Permanent(errors.New("bad payload"))
+	})
+	stop := runEngine(t, src, h, consumer.Config{Observer: log})
+	first := <-ran
+	// The dead letter is tried in place, the delivery valid, until it has
+	// been held for ConsumerTimeoutWarn; then it is handed back, and the
+	// handler runs again on the redelivery.
+	var again time.Time
+	select {
+	case again = <-ran:
+	case <-time.After(testTimeout):
+		t.Fatal("not handed back")
+	}
+	if held := again.Sub(first); held < 400*time.Millisecond {
+		t.Fatalf("handed back after %v: before ConsumerTimeoutWarn (400ms)", held)
+	}
+	declare(t, cfg) // a later try of the dead letter goes through
+	for s := log.next(t); s.o != consumer.DeadLettered; s = log.next(t) {
+	}
+	if err, _ := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if runs.Load() < 2 {
+		t.Fatalf("handler ran %d times: want the redelivery run after the hand-back", runs.Load())
+	}
+	if dls := getAll(t, c, v.DeadLetterQueue); len(dls) != 1 {
+		t.Fatalf("dead-letter queue holds %d messages, want 1", len(dls))
+	}
+}

@@ -81,9 +81,6 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if v.Plain {
 		s.caps = adapters.Capabilities{DeliveryCount: v.QueueType == Quorum}
 	}
-	if v.ConsumerTimeout > 0 {
-		s.caps.MaxHold = v.ConsumerTimeout
-	}
 	mp := v.MeterProvider
 	if mp == nil {
 		mp = noop.NewMeterProvider()
@@ -741,12 +738,20 @@ func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.D
 	return nil
 }
 
-// Valid reports whether msg can still be settled: the channel that
-// delivered it is alive and no settle took it yet. It is cheap (two atomic
-// loads).
+// Valid reports whether msg is still this consumer's to handle: the
+// channel that delivered it is alive, no settle took it yet, and it has not
+// been held past ConsumerTimeoutWarn (see there). It is cheap (two atomic
+// loads and a clock reading).
 func (s *Source) Valid(msg *ackwise.Message) bool {
 	r, ok := msg.Handle.(*receipt)
-	return ok && r != nil && r.s != nil && r.s.src == s && !r.s.isDead.Load() && !r.done.Load()
+	if !ok || r == nil || r.s == nil || r.s.src != s || r.s.isDead.Load() || r.done.Load() {
+		return false
+	}
+	// Held past ConsumerTimeoutWarn, a delivery is close to the broker's
+	// consumer_timeout, which would take back every delivery of its
+	// channel: the engine hands it back (a new delivery comes) rather than
+	// start its handler or go on trying its move.
+	return s.v.ConsumerTimeout <= 0 || time.Since(r.at) < s.v.ConsumerTimeoutWarn
 }
 
 // Capabilities reports Delay with DelayTiers (one wait queue each), MaxDelay
