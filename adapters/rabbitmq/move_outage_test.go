@@ -121,8 +121,13 @@ func deleteQueue(t *testing.T, c *amqp.Connection, queue string) {
 // queue of the source's topology) under it.
 func moveOutage(t *testing.T, tiers ...time.Duration) (*amqp.Connection, Config, validated, *movesSeen, validLog) {
 	t.Helper()
+	return moveOutageOf(t, testConfig(t, Classic, tiers...))
+}
+
+// moveOutageOf is moveOutage on cfg.
+func moveOutageOf(t *testing.T, cfg Config) (*amqp.Connection, Config, validated, *movesSeen, validLog) {
+	t.Helper()
 	c := needBroker(t)
-	cfg := testConfig(t, Classic, tiers...)
 	declare(t, cfg)
 	v, err := cfg.validate()
 	if err != nil {
@@ -318,20 +323,9 @@ func TestStopWhileMoveWaits(t *testing.T) {
 // would take back every delivery of the channel.
 func TestMoveWaitEndsAtConsumerTimeoutWarn(t *testing.T) {
 	t.Parallel()
-	c := needBroker(t)
 	cfg := testConfig(t, Classic)
 	cfg.ConsumerTimeout, cfg.ConsumerTimeoutWarn = time.Minute, 400*time.Millisecond
-	declare(t, cfg)
-	v, err := cfg.validate()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sink := newSink(t, SinkConfig{URL: testURL(), RoutingKey: cfg.Queue})
-	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "m", Key: "k", Payload: []byte("m")}); err != nil {
-		t.Fatal(err)
-	}
-	src := &movesSeen{Source: newSource(t, cfg), errs: make(chan error, 256)}
-	log := validLog{src.Source, make(chan seenOutcome, 256)}
+	c, cfg, v, src, log := moveOutageOf(t, cfg)
 	deleteQueue(t, c, v.DeadLetterQueue)
 	var runs atomic.Int32
 	ran := make(chan time.Time, 64)
