@@ -103,3 +103,49 @@ func TestBreakerHoldDetachesPayload(t *testing.T) {
 		}
 	}
 }
+
+// TestShareInPlaceWaitDetachesPayload: on a share group, where retries
+// always wait in place, a waiting record keeps neither its fetch's payload
+// (a copy of its own from the first wait on) nor its record's bytes (the
+// record stays for its acknowledgement); its dead letter still carries the
+// payload byte for byte.
+func TestShareInPlaceWaitDetachesPayload(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	in := publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })[0]
+	src := openShare(t, cfg)
+	type seen struct {
+		data      *byte
+		recordVal []byte
+	}
+	got := make(chan seen, 2)
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		got <- seen{unsafe.SliceData(m.Payload), m.Handle.(*shareReceipt).r.Value}
+		if m.Attempt == 1 {
+			return errors.New("dependency down")
+		}
+		return ackwise.Permanent(errors.New("bad payload"))
+	})
+	log := make(outcomeLog, 16)
+	runShareConsumer(t, src, h, consumer.Config{Concurrency: 1, MaxInFlight: 1, Observer: log,
+		Retry: retry.Policy{MaxAttempts: 5, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond, Jitter: retry.NoJitter}})
+	for _, want := range []consumer.Outcome{consumer.Retried, consumer.DeadLettered} {
+		if o := awaitOutcome(t, log); o != want {
+			t.Fatalf("outcome %v, want %v", o, want)
+		}
+	}
+	first, second := <-got, <-got
+	if first.recordVal == nil || second.recordVal != nil {
+		t.Fatalf("record value %q on the first run, %q on the second: want the record's bytes let go after the wait", first.recordVal, second.recordVal)
+	}
+	if second.data == first.data {
+		t.Fatal("the second run read the fetch's bytes: the wait kept the fetch alive")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dls := readAll(ctx, t, brokers, src.cfg.DeadLetterTopic)
+	if len(dls) != 1 || !bytes.Equal(dls[0].Value, in.Payload) {
+		t.Fatalf("dead letters %v: want one with the payload %q", dls, in.Payload)
+	}
+}

@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -117,6 +118,7 @@ type shareReceipt struct {
 	// broker's new deadline is a lease after it takes the renewal, which
 	// the source sends at once.
 	renewedAt atomic.Int64
+	detached  bool // Detach ran (by the engine, one call at a time)
 }
 
 // deadline is when rc's lock ends as far as the source knows: a lease
@@ -149,7 +151,10 @@ func (rc *shareReceipt) expiresWithin(now time.Time, d time.Duration) bool {
 // broker would refuse the other statuses of the partition sent with it.
 func (s *ShareSource) nearExpiry() time.Duration { return s.lease / 2 }
 
-var _ adapters.Source = (*ShareSource)(nil)
+var (
+	_ adapters.Source   = (*ShareSource)(nil)
+	_ adapters.Detacher = (*ShareSource)(nil)
+)
 
 // NewShareSource joins the share group cfg.Group on cfg.Topic. Of cfg,
 // Brokers, Topic, Group, DeadLetterTopic, PollBatch (the most records per
@@ -540,6 +545,20 @@ func newShareReceipt(r *kgo.Record, lease time.Duration, renewedAt time.Time) *s
 		rc.renewedAt.Store(renewedAt.UnixNano())
 	}
 	return rc
+}
+
+// Detach copies msg's Payload out of the fetch it points into
+// (adapters.Detacher), once per delivery, and lets go of the record's
+// bytes: the record stays, for its acknowledgement, without its key, value
+// and headers (the message holds copies of its key and headers already).
+func (s *ShareSource) Detach(msg *ackwise.Message) {
+	rc, ok := msg.Handle.(*shareReceipt)
+	if !ok || rc.detached {
+		return
+	}
+	rc.detached = true
+	msg.Payload = bytes.Clone(msg.Payload)
+	rc.r.Key, rc.r.Value, rc.r.Headers = nil, nil, nil
 }
 
 func (s *ShareSource) receipt(msg *ackwise.Message) (*shareReceipt, error) {
