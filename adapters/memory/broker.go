@@ -250,7 +250,7 @@ func (b *Broker) queue(name string, cfg *QueueConfig) (*queue, error) {
 		func(q *queue) QueueConfig { return q.cfg },
 		func() QueueConfig {
 			c := b.qdef.withDefaults(name)
-			if d := b.qdef.DeadLetter; d != "" && (name == d || strings.HasPrefix(name, d+DeadLetterSuffix)) {
+			if d := b.qdef.DeadLetter; d != "" && inChainOf(name, d) {
 				// The shared dead-letter queue of Config.Queue, and the
 				// dead-letter queues below it, dead-letter into their own
 				// name + DeadLetterSuffix: never into themselves or back
@@ -608,6 +608,21 @@ func copyHeaders(h ackwise.Headers, id string) ackwise.Headers {
 
 func (b *Broker) newSourceID(prefix string) string {
 	return prefix + "#" + fmt.Sprint(b.srcSeq.Add(1))
+}
+
+// inChainOf reports whether name is dlq or a dead-letter queue down its
+// chain: dlq + DeadLetterSuffix, repeated.
+func inChainOf(name, dlq string) bool {
+	for {
+		if name == dlq {
+			return true
+		}
+		n, ok := strings.CutSuffix(name, DeadLetterSuffix)
+		if !ok {
+			return false
+		}
+		name = n
+	}
 }
 
 func deadLetterName(name, dlq string) string {

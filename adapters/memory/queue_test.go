@@ -948,3 +948,27 @@ func TestSharedDeadLetterChainDoesNotCycle(t *testing.T) {
 		t.Fatalf("dead.dlq.dlq = %v, %v: want the dead letter there", msgs, err)
 	}
 }
+
+// Only the chain itself: a queue whose name merely starts like it keeps
+// the shared dead-letter queue.
+func TestSharedDeadLetterChainByName(t *testing.T) {
+	t.Parallel()
+	clk := memory.NewVirtualClock(time.Time{})
+	b, err := memory.New(memory.Config{Clock: clk, Queue: memory.QueueConfig{DeadLetter: "dead", MaxReceives: 1, Lease: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := b.QueueSource("dead.dlq-archive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { src.Close() })
+	memorytest.Publish(t, b, "dead.dlq-archive", msg("a", ""))
+	recvOne(t, src)
+	clk.Advance(time.Second)
+	requireNothing(t, src)
+	msgs, err := b.Messages("dead")
+	if err != nil || len(msgs) != 1 || msgs[0].ID != "a" {
+		t.Fatalf("dead = %v, %v: want the dead letter in the shared queue", msgs, err)
+	}
+}
