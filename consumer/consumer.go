@@ -620,6 +620,7 @@ func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	t.moves = min(t.moves, 254) + 1
 	pause := min(10*time.Millisecond<<min(t.moves-1, 10), 5*time.Second)
 	c.log.Error("settle failed; trying again in place", slog.String("outcome", pm.o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Int("tries", int(t.moves)), slog.Duration("retry_in", pause), slog.Any("error", err))
+	c.detach(msg) // before the lock: a copy of a large payload takes time
 	c.mu.Lock()
 	if c.stopping.Load() {
 		c.mu.Unlock()
@@ -797,6 +798,7 @@ func (c *Consumer) releaseTask(t task) {
 // same). It returns false when the consumer is stopping; the caller then
 // releases the message.
 func (c *Consumer) waitInPlace(t task, delay time.Duration, retry bool) bool {
+	c.detach(t.msg)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.stopping.Load() {
@@ -807,12 +809,11 @@ func (c *Consumer) waitInPlace(t task, delay time.Duration, retry bool) bool {
 }
 
 // waitLocked is waitInPlace once it checked that the consumer is not
-// stopping. Called with c.mu held.
+// stopping and detached the message. Called with c.mu held.
 func (c *Consumer) waitLocked(t task, delay time.Duration, retry bool) {
 	if c.waiting == nil {
 		c.waiting = make(map[*ackwise.Message]waitEntry)
 	}
-	c.detach(t.msg)
 	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t, retry) }), t: t}
 }
 
