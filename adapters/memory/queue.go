@@ -468,6 +468,11 @@ type delivery struct {
 	rec *record
 	gen uint64
 	src *QueueSource
+	// attempt is the receive count of this delivery. Message.Attempt is
+	// the engine's once delivered (an in-place retry increments it, from a
+	// timer, while the heartbeat may be extending the lease), so the
+	// source never reads it back.
+	attempt int
 }
 
 // QueueSource consumes a queue. Several QueueSources on one queue are
@@ -690,6 +695,7 @@ func (q *queue) deliverLocked(rec *record, s *QueueSource, now int64) *delivery 
 		rec.tmpl(&d.Message)
 	}
 	d.Attempt = rec.receives
+	d.attempt = rec.receives
 	d.FirstFailure = rec.firstFailure
 	d.Handle = d
 	d.rec = rec
@@ -778,7 +784,7 @@ func (d *delivery) currentLocked(now time.Time) bool {
 }
 
 func (s *QueueSource) invalid(d *delivery) error {
-	return fmt.Errorf("memory: %s (attempt %d) on %s: lease ran out or message settled: %w", d.BrokerID, d.Attempt, s.id, adapters.ErrReceiptInvalid)
+	return fmt.Errorf("memory: %s (attempt %d) on %s: lease ran out or message settled: %w", d.BrokerID, d.attempt, s.id, adapters.ErrReceiptInvalid)
 }
 
 // settleFaultLocked applies settle faults of the given kinds; it returns
