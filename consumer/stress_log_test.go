@@ -31,6 +31,10 @@ const (
 	classFlaky           // fails transiently a time or two, then succeeds
 	classPoison          // fails permanently: dead-lettered
 	classHopeless        // always fails transiently: dead-lettered at max-attempts
+	classDiscard         // discarded: acked without an effect
+	classLater           // fails with RetryAfter a time or two, then succeeds
+	classPanic           // panics a time or two (every time unless panics are retried), then succeeds
+	classSlow            // succeeds, its first run slower than the lease
 )
 
 // TestStressLog runs the engine, ordered by key with several workers, on a
@@ -70,8 +74,11 @@ type stressRecord struct {
 	part    int32
 	off     int64
 	class   int
-	fails   int // classFlaky: transient failures before the first success
+	fails   int // classFlaky, classLater, classPanic: failures before the first success
 	payload []byte
+	// sleep is how long classSlow's first run takes; after is classLater's
+	// RetryAfter.
+	sleep, after time.Duration
 }
 
 // stressWorld is the handler's and the observer's shared record of what ran.
@@ -79,7 +86,7 @@ type stressWorld struct {
 	recs  map[string]*stressRecord // by event ID
 	mu    sync.Mutex
 	calls map[string]int             // handler calls per event ID
-	runs  map[string]bool            // keys with a handler running
+	runs  map[string]bool            // consumer/key pairs with a handler running
 	last  map[*ackwise.Message]error // each delivery's last handler result
 	done  map[*ackwise.Message]consumer.Outcome
 	// effects lists, per key, the event IDs in the order of their
@@ -92,7 +99,18 @@ func (w *stressWorld) fail(format string, args ...any) {
 	w.bad = append(w.bad, fmt.Sprintf(format, args...))
 }
 
-func (w *stressWorld) Handle(_ context.Context, m *ackwise.Message) error {
+func (w *stressWorld) Handle(ctx context.Context, m *ackwise.Message) error {
+	return w.handle(ctx, "", m)
+}
+
+// handler is the handler of the consumer named who: a key's messages run
+// one at a time within one consumer (competing consumers of a queue may
+// each run a message of the key).
+func (w *stressWorld) handler(who string) ackwise.Handler {
+	return ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error { return w.handle(ctx, who, m) })
+}
+
+func (w *stressWorld) handle(_ context.Context, who string, m *ackwise.Message) (err error) {
 	r := w.recs[m.ID]
 	w.mu.Lock()
 	if r == nil {
@@ -100,18 +118,34 @@ func (w *stressWorld) Handle(_ context.Context, m *ackwise.Message) error {
 		w.mu.Unlock()
 		return nil
 	}
-	if w.runs[r.key] {
-		w.fail("%s (key %s) ran while another message of its key was running", m.ID, r.key)
+	lane := who + "/" + r.key
+	if w.runs[lane] {
+		w.fail("%s (key %s) ran while another message of its key was running on %q", m.ID, r.key, who)
 	}
 	if o, ok := w.done[m]; ok {
 		w.fail("%s@%d attempt %d handled again after its delivery was %v", m.ID, m.Offset, m.Attempt, o)
 	}
-	w.runs[r.key] = true
+	w.runs[lane] = true
 	w.calls[m.ID]++
 	call := w.calls[m.ID]
 	w.mu.Unlock()
 
-	var err error
+	defer func() {
+		v := recover()
+		w.mu.Lock()
+		w.runs[lane] = false
+		if v != nil {
+			err = fmt.Errorf("panicked: %v", v)
+		}
+		w.last[m] = err
+		if err == nil {
+			w.effects[r.key] = append(w.effects[r.key], m.ID)
+		}
+		w.mu.Unlock()
+		if v != nil {
+			panic(v)
+		}
+	}()
 	switch r.class {
 	case classFlaky:
 		if call <= r.fails {
@@ -121,20 +155,26 @@ func (w *stressWorld) Handle(_ context.Context, m *ackwise.Message) error {
 		err = ackwise.Permanent(errors.New("poison"))
 	case classHopeless:
 		err = errors.New("never works")
+	case classDiscard:
+		err = ackwise.Discard(errors.New("not for us"))
+	case classLater:
+		if call <= r.fails {
+			err = ackwise.RetryAfter(errors.New("rate limited"), r.after)
+		}
+	case classPanic:
+		if call <= r.fails {
+			panic("handler bug")
+		}
+	case classSlow:
+		if call == 1 {
+			time.Sleep(r.sleep)
+		}
 	}
-
-	w.mu.Lock()
-	w.runs[r.key] = false
-	w.last[m] = err
-	if err == nil {
-		w.effects[r.key] = append(w.effects[r.key], m.ID)
-	}
-	w.mu.Unlock()
 	return err
 }
 
 func (w *stressWorld) Observe(m *ackwise.Message, o consumer.Outcome, _ time.Duration) {
-	if o != consumer.Acked && o != consumer.DeadLettered {
+	if o != consumer.Acked && o != consumer.DeadLettered && o != consumer.Discarded {
 		return
 	}
 	w.mu.Lock()
@@ -142,6 +182,9 @@ func (w *stressWorld) Observe(m *ackwise.Message, o consumer.Outcome, _ time.Dur
 	err, ran := w.last[m]
 	if o == consumer.Acked && (!ran || err != nil) {
 		w.fail("%s@%d attempt %d acked, but its delivery's last run returned %v (ran: %t)", m.ID, m.Offset, m.Attempt, err, ran)
+	}
+	if o == consumer.Discarded && (!ran || ackwise.ClassOf(err) != ackwise.ClassDiscard) {
+		w.fail("%s@%d attempt %d discarded, but its delivery's last run returned %v (ran: %t)", m.ID, m.Offset, m.Attempt, err, ran)
 	}
 	w.done[m] = o
 }
@@ -182,8 +225,7 @@ func stressLog(t *testing.T, seed uint64) {
 		t.Fatal(err)
 	}
 
-	w := &stressWorld{recs: map[string]*stressRecord{}, calls: map[string]int{}, runs: map[string]bool{},
-		last: map[*ackwise.Message]error{}, done: map[*ackwise.Message]consumer.Outcome{}, effects: map[string][]string{}}
+	w := newStressWorld()
 	var pub []*ackwise.Message
 	for i := range n {
 		r := &stressRecord{id: "m" + strconv.Itoa(i), key: "k" + strconv.Itoa(rng.IntN(keys))}
@@ -322,6 +364,11 @@ func stressLog(t *testing.T, seed uint64) {
 	if !reorder {
 		checkStressOrder(t, seed, br, topic, w)
 	}
+}
+
+func newStressWorld() *stressWorld {
+	return &stressWorld{recs: map[string]*stressRecord{}, calls: map[string]int{}, runs: map[string]bool{},
+		last: map[*ackwise.Message]error{}, done: map[*ackwise.Message]consumer.Outcome{}, effects: map[string][]string{}}
 }
 
 func withObserver(cfg consumer.Config, o consumer.Observer) consumer.Config {
