@@ -98,7 +98,10 @@ type Source interface {
 	// heartbeat runs concurrently with settles, so ExtendLease can arrive
 	// after msg was settled: it must then change nothing (a released or
 	// nacked message is not held for the lease) and return nil or
-	// ErrReceiptInvalid.
+	// ErrReceiptInvalid. It also runs while the engine changes the fields
+	// it owns once a message is delivered (Attempt and FirstFailure, on an
+	// in-place retry; Payload, through Detacher): ExtendLease and Valid
+	// must not read those; the delivery's own state belongs in its Handle.
 	ExtendLease(ctx context.Context, msg *ackwise.Message, d time.Duration) error
 
 	// Valid reports whether msg is still this consumer's to handle (its Kafka
