@@ -898,77 +898,36 @@ func TestQueueCrash(t *testing.T) {
 // A broker whose implicit queues share one dead-letter queue (Config.Queue
 // with DeadLetter set): that queue, created implicitly too, does not
 // dead-letter into itself (an explicit QueueConfig saying so is refused)
-// but into its name + ".dlq".
-func TestSharedDeadLetterQueueIsNotItsOwn(t *testing.T) {
+// but into its name + ".dlq", and so on down its chain, never back up; a
+// queue whose name merely starts like the chain keeps the shared one.
+func TestSharedDeadLetterChain(t *testing.T) {
 	t.Parallel()
-	clk := memory.NewVirtualClock(time.Time{})
-	b, err := memory.New(memory.Config{Clock: clk, Queue: memory.QueueConfig{DeadLetter: "dead", MaxReceives: 1, Lease: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := b.QueueSource("dead")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { src.Close() })
-	memorytest.Publish(t, b, "dead", msg("a", ""))
-	recvOne(t, src)
-	clk.Advance(time.Second) // its lease ran out: its one receive is spent
-	requireNothing(t, src)
-	memorytest.RequireDeadLettered(t, b, "dead", "a", dlq.ReasonMaxAttempts)
-	msgs, err := b.Messages("dead.dlq")
-	if err != nil || len(msgs) != 1 || msgs[0].ID != "a" {
-		t.Fatalf("dead.dlq = %v, %v: want the dead letter there", msgs, err)
-	}
-}
-
-// Down the chain too: the shared dead-letter queue's own dead-letter queue
-// dead-letters further down, not back into the shared one.
-func TestSharedDeadLetterChainDoesNotCycle(t *testing.T) {
-	t.Parallel()
-	clk := memory.NewVirtualClock(time.Time{})
-	b, err := memory.New(memory.Config{Clock: clk, Queue: memory.QueueConfig{DeadLetter: "dead", MaxReceives: 1, Lease: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := b.QueueSource("dead.dlq")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { src.Close() })
-	memorytest.Publish(t, b, "dead.dlq", msg("a", ""))
-	recvOne(t, src)
-	clk.Advance(time.Second)
-	requireNothing(t, src)
-	if msgs, err := b.Messages("dead"); err == nil && len(msgs) != 0 {
-		t.Fatalf("dead = %v: the chain went back up", msgs)
-	}
-	msgs, err := b.Messages("dead.dlq.dlq")
-	if err != nil || len(msgs) != 1 || msgs[0].ID != "a" {
-		t.Fatalf("dead.dlq.dlq = %v, %v: want the dead letter there", msgs, err)
-	}
-}
-
-// Only the chain itself: a queue whose name merely starts like it keeps
-// the shared dead-letter queue.
-func TestSharedDeadLetterChainByName(t *testing.T) {
-	t.Parallel()
-	clk := memory.NewVirtualClock(time.Time{})
-	b, err := memory.New(memory.Config{Clock: clk, Queue: memory.QueueConfig{DeadLetter: "dead", MaxReceives: 1, Lease: time.Second}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	src, err := b.QueueSource("dead.dlq-archive")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { src.Close() })
-	memorytest.Publish(t, b, "dead.dlq-archive", msg("a", ""))
-	recvOne(t, src)
-	clk.Advance(time.Second)
-	requireNothing(t, src)
-	msgs, err := b.Messages("dead")
-	if err != nil || len(msgs) != 1 || msgs[0].ID != "a" {
-		t.Fatalf("dead = %v, %v: want the dead letter in the shared queue", msgs, err)
+	for queue, want := range map[string]string{
+		"dead":             "dead.dlq",
+		"dead.dlq":         "dead.dlq.dlq",
+		"dead.dlq-archive": "dead",
+	} {
+		t.Run(queue, func(t *testing.T) {
+			t.Parallel()
+			clk := memory.NewVirtualClock(time.Time{})
+			b, err := memory.New(memory.Config{Clock: clk, Queue: memory.QueueConfig{DeadLetter: "dead", MaxReceives: 1, Lease: time.Second}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			src, err := b.QueueSource(queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { src.Close() })
+			memorytest.Publish(t, b, queue, msg("a", ""))
+			recvOne(t, src)
+			clk.Advance(time.Second) // its lease ran out: its one receive is spent
+			requireNothing(t, src)
+			memorytest.RequireDeadLettered(t, b, queue, "a", dlq.ReasonMaxAttempts)
+			msgs, err := b.Messages(want)
+			if err != nil || len(msgs) != 1 || msgs[0].ID != "a" {
+				t.Fatalf("%s = %v, %v: want the dead letter there", want, msgs, err)
+			}
+		})
 	}
 }
