@@ -453,14 +453,11 @@ type typedNilError struct{ text string }
 
 func (e *typedNilError) Error() string { return e.text }
 
-// TestPermanentTypedNilIsDeadLettered: a handler returns
-// ackwise.Permanent of a typed nil *typedNilError (the classic Go slip).
-// The error is not nil and its text panics; the engine, building the dead
-// letter's error header, must not crash the process (and every consumer the
-// message is redelivered to) but dead-letter the message.
-func TestPermanentTypedNilIsDeadLettered(t *testing.T) {
-	t.Parallel()
-	br, _ := memorytest.NewBroker(t)
+// memoryQueue is a memory broker on a virtual clock with a fresh queue q
+// and a source on it.
+func memoryQueue(t *testing.T) (*memory.Broker, *memory.VirtualClock, string, *memory.QueueSource) {
+	t.Helper()
+	br, clk := memorytest.NewBroker(t)
 	q := memorytest.UniqueName(t)
 	if err := br.CreateQueue(q, memory.QueueConfig{}); err != nil {
 		t.Fatal(err)
@@ -470,6 +467,17 @@ func TestPermanentTypedNilIsDeadLettered(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { src.Close() })
+	return br, clk, q, src
+}
+
+// TestPermanentTypedNilIsDeadLettered: a handler returns
+// ackwise.Permanent of a typed nil *typedNilError (the classic Go slip).
+// The error is not nil and its text panics; the engine, building the dead
+// letter's error header, must not crash the process (and every consumer the
+// message is redelivered to) but dead-letter the message.
+func TestPermanentTypedNilIsDeadLettered(t *testing.T) {
+	t.Parallel()
+	br, _, q, src := memoryQueue(t)
 	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
 		var e *typedNilError
 		return ackwise.Permanent(e)
@@ -501,16 +509,7 @@ func TestPermanentTypedNilIsDeadLettered(t *testing.T) {
 // attempt.
 func TestJoinedDiscardBesideFailureIsRetried(t *testing.T) {
 	t.Parallel()
-	br, clk := memorytest.NewBroker(t)
-	q := memorytest.UniqueName(t)
-	if err := br.CreateQueue(q, memory.QueueConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	src, err := br.QueueSource(q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { src.Close() })
+	br, clk, q, src := memoryQueue(t)
 	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
 		if m.Attempt == 1 {
 			return errors.Join(ackwise.Discard(errors.New("obsolete")), errors.New("db down"))
