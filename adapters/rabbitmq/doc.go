@@ -184,7 +184,17 @@
 // Config.ConsumerTimeout, which should match the broker's setting), counted
 // as the broker counts it: from the delivery's arrival, time spent in the
 // prefetch buffer before Receive included, and also while a delivery still
-// waits there (an engine at its in-flight limit or paused). When the
+// waits there (an engine at its in-flight limit or paused). From then on
+// Valid reports the delivery no longer valid, and the engine hands it back
+// (nack, requeue) rather than start its handler, its retry in place or
+// another try of a failed move; a handler already running is not stopped,
+// and its ack or move is still made. A hand-back is a redelivery: on a
+// quorum queue it adds to x-delivery-count, so Message.Attempt, and on a
+// classic queue the count of retries made in place is lost (the
+// redelivery counts as attempt 2). Keep Prefetch near the engine's
+// in-flight limit when handlers are slow, so that deliveries do not wait
+// in the prefetch buffer until they are handed back unrun, and keep the
+// waits of retries in place well within ConsumerTimeoutWarn. When the
 // broker does close the channel, the reconnection log names the timeout as
 // the likely cause.
 //
