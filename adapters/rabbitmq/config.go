@@ -142,8 +142,8 @@ type Config struct {
 	// delivery on it is redelivered. Leases cannot be extended on RabbitMQ, so
 	// the source warns (log and metric) when a delivery has been held for
 	// ConsumerTimeoutWarn, and from then on Valid reports it no longer
-	// valid: the engine hands it back (nack, requeue) rather than start its
-	// handler or try a failed move again. Zero means DefaultConsumerTimeout
+	// valid (but on a Plain source): the engine hands it back (nack,
+	// requeue) rather than start its handler or try a failed move again. Zero means DefaultConsumerTimeout
 	// (the broker's default); -1 turns the warning and the hand-back off.
 	ConsumerTimeout time.Duration
 	// ConsumerTimeoutWarn is how long a delivery may be held before the

@@ -185,7 +185,8 @@
 // as the broker counts it: from the delivery's arrival, time spent in the
 // prefetch buffer before Receive included, and also while a delivery still
 // waits there (an engine at its in-flight limit or paused). From then on
-// Valid reports the delivery no longer valid, and the engine hands it back
+// Valid reports the delivery no longer valid (but on a Plain source, whose
+// deliveries the dlq tools hold while they scan), and the engine hands it back
 // (nack, requeue) rather than start its handler, its retry in place or
 // another try of a failed move; a handler already running is not stopped,
 // and its ack or move is still made. A hand-back is a redelivery: on a

@@ -750,8 +750,10 @@ func (s *Source) Valid(msg *ackwise.Message) bool {
 	// Held past ConsumerTimeoutWarn, a delivery is close to the broker's
 	// consumer_timeout, which would take back every delivery of its
 	// channel: the engine hands it back (a new delivery comes) rather than
-	// start its handler or go on trying its move.
-	return s.v.ConsumerTimeout <= 0 || time.Since(r.at) < s.v.ConsumerTimeoutWarn
+	// start its handler or go on trying its move. Not on a plain source:
+	// the dlq tools hold its deliveries while they scan, and read an
+	// invalid one as redelivered.
+	return s.v.Plain || s.v.ConsumerTimeout <= 0 || time.Since(r.at) < s.v.ConsumerTimeoutWarn
 }
 
 // Capabilities reports Delay with DelayTiers (one wait queue each), MaxDelay

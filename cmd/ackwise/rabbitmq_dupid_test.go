@@ -19,11 +19,25 @@ import (
 // filtered redrive neither moved the second (although it matched) nor went
 // on, stopping with "repeat: every message was seen" while the dead letters
 // behind it were still there.
+//
+// The same with the consumer-timeout warning passed at once: a plain source
+// keeps its deliveries valid until their channel dies (Valid would
+// otherwise turn false past ConsumerTimeoutWarn, and inspect and redrive
+// took that for a redelivery of the held dead letter).
 func TestRabbitMQDeadLettersSharingAnEventID(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs RabbitMQ; -short runs offline tests only")
 	}
 	t.Parallel()
+	for name, params := range map[string]string{"default": "", "warned": "&consumer_timeout=10s&consumer_timeout_warn=1ms"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			deadLettersSharingAnEventID(t, params)
+		})
+	}
+}
+
+func deadLettersSharingAnEventID(t *testing.T, params string) {
 	conn, queue := freshRabbitQueue(t, "ackwise-cli-dupid-")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -38,7 +52,7 @@ func TestRabbitMQDeadLettersSharingAnEventID(t *testing.T) {
 		}
 	}
 	workURL := rabbitURL() + "/" + queue
-	deadURL := rabbitURL() + "/" + queue + ".dlq?plain=true"
+	deadURL := rabbitURL() + "/" + queue + ".dlq?plain=true" + params
 
 	sink, err := adapters.OpenSink(ctx, rabbitURL()+"/"+queue+".dlq")
 	if err != nil {
