@@ -2,182 +2,29 @@ package pginbox_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/ackwise/ackwise"
-	"github.com/ackwise/ackwise/adapters/memory"
-	"github.com/ackwise/ackwise/consumer"
-	"github.com/ackwise/ackwise/middleware"
+	"github.com/ackwise/ackwise/middleware/inboxtest"
 	"github.com/ackwise/ackwise/middleware/pginbox"
-	"github.com/ackwise/ackwise/retry"
 )
 
-// TestEngineAppliesEachEventOnceUnderFaults drives the engine on the memory
-// broker with every settle and dead-letter fault at once, two consumers on
-// one queue, and a handler that writes its effect through the inbox before
-// failing (transiently, permanently or by a panic) on some events. Every
-// event that succeeds must have exactly one effect row and one inbox record;
-// every event that fails permanently none, and a dead letter.
+// TestEngineAppliesEachEventOnceUnderFaults runs inboxtest.RunEngine: the
+// engine on the memory broker with every settle and dead-letter fault, and a
+// handler that writes its effect row through the inbox's transaction before
+// failing on some events.
 func TestEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
 	eachMode(t, func(t *testing.T, mode func(*pginbox.Config)) {
 		b := setup(t, mode)
-		const n = 120
-		broker, err := memory.New(memory.Config{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := broker.CreateQueue("orders", memory.QueueConfig{Lease: 100 * time.Millisecond}); err != nil {
-			t.Fatal(err)
-		}
-		if err := broker.CreateQueue("orders.dlq", memory.QueueConfig{}); err != nil {
-			t.Fatal(err)
-		}
-		sink, err := broker.Sink("orders")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range n {
-			msg := &ackwise.Message{ID: fmt.Sprintf("ev-%03d", i), Key: fmt.Sprintf("k%d", i%7), Payload: []byte("x")}
-			if err := sink.Publish(t.Context(), msg); err != nil {
-				t.Fatal(err)
-			}
-		}
-		for _, f := range []memory.Fault{
-			{Kind: memory.FaultDuplicate, Every: 4},
-			{Kind: memory.FaultFailAck, Every: 6},
-			{Kind: memory.FaultLoseAck, Every: 9},
-			{Kind: memory.FaultCrashBeforeAck, Every: 17, Count: 4},
-		} {
-			if _, err := broker.InjectFault("orders", f); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, err := broker.InjectFault("orders.dlq", memory.Fault{Kind: memory.FaultFailPublish, Count: 3}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := broker.InjectFault("orders.dlq", memory.Fault{Kind: memory.FaultFailPublish, AfterStore: true, Count: 1}); err != nil {
-			t.Fatal(err)
-		}
-
-		poison := func(id string) bool { return id[len(id)-1] == '3' }
-		var mu sync.Mutex
-		runs := map[string]int{}
-		handler := ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
-			mu.Lock()
-			runs[msg.ID]++
-			run := runs[msg.ID]
-			mu.Unlock()
-			if _, err := pginbox.Tx(ctx).Exec(ctx, `INSERT INTO `+b.schema+`.effects (event_id, amount) VALUES ($1, 1)`, msg.ID); err != nil {
+		inboxtest.RunEngine(t, inboxtest.Engine{
+			Store:   b.store,
+			Handled: b.store.Handled,
+			Apply: func(ctx context.Context, msg *ackwise.Message) error {
+				_, err := pginbox.Tx(ctx).Exec(ctx, `INSERT INTO `+b.schema+`.effects (event_id, amount) VALUES ($1, 1)`, msg.ID)
 				return err
-			}
-			switch last := msg.ID[len(msg.ID)-1]; {
-			case poison(msg.ID):
-				return ackwise.Permanent(errors.New("poison"))
-			case last == '5' && run == 1:
-				return errors.New("transient after the effect")
-			case last == '7' && run == 1:
-				panic("panic after the effect")
-			}
-			return nil
+			},
+			Effects:       b.effects,
+			Transactional: true,
 		})
-		store := b.store
-		inbox, err := middleware.Inbox(store, middleware.InboxConfig{Consumer: "billing"})
-		if err != nil {
-			t.Fatal(err)
-		}
-
-		settled := func(events []memory.Event) map[string]bool {
-			s := map[string]bool{}
-			for _, e := range events {
-				if e.Kind == memory.EventAcked || e.Kind == memory.EventDeadLettered {
-					s[e.ID] = true
-				}
-			}
-			return s
-		}
-		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-		defer cancel()
-		var wg sync.WaitGroup
-		errs := make(chan error, 2)
-		for range 2 {
-			wg.Go(func() {
-				for ctx.Err() == nil {
-					src, err := broker.QueueSource("orders")
-					if err != nil {
-						errs <- err
-						return
-					}
-					c, err := consumer.New(src, handler, consumer.Config{
-						Name: "billing", Concurrency: 4, RetryPanics: true,
-						// Unlimited: the messages released unrun behind a
-						// failed ack of their key spend deliveries too
-						// (docs/ordering.md), and a limit would dead-letter
-						// some after one failure of their own.
-						Retry: retry.Policy{MaxAttempts: retry.Unlimited, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
-						Inbox: inbox,
-					})
-					if err != nil {
-						errs <- err
-						return
-					}
-					runCtx, stop := context.WithCancel(ctx)
-					done := make(chan error, 1)
-					go func() { done <- c.Run(runCtx) }()
-					id := src.ID()
-					_ = broker.WaitHistory(ctx, "orders", func(events []memory.Event) bool {
-						for _, e := range events {
-							if e.Kind == memory.EventCrashed && e.Consumer == id {
-								return true
-							}
-						}
-						return false
-					})
-					stop()
-					if err := <-done; err != nil && !errors.Is(err, memory.ErrCrashed) && !errors.Is(err, context.Canceled) {
-						errs <- fmt.Errorf("run: %w", err)
-					}
-					_ = src.Close()
-				}
-			})
-		}
-		if err := broker.WaitHistory(ctx, "orders", func(events []memory.Event) bool { return len(settled(events)) == n }); err != nil {
-			t.Errorf("waiting for every event to settle: %v", err)
-		}
-		cancel()
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Error(err)
-		}
-
-		dead, err := broker.Messages("orders.dlq")
-		if err != nil {
-			t.Fatal(err)
-		}
-		deadIDs := map[string]int{}
-		for _, m := range dead {
-			deadIDs[m.ID]++
-		}
-		for i := range n {
-			id := fmt.Sprintf("ev-%03d", i)
-			handled, err := store.Handled(context.Background(), middleware.InboxKey{Consumer: "billing", EventID: id})
-			if err != nil {
-				t.Fatal(err)
-			}
-			eff := b.effects(t, id)
-			if poison(id) {
-				if eff != 0 || handled || deadIDs[id] == 0 {
-					t.Errorf("%s (poison): %d effects, record %v, %d dead letters; want 0, false, ≥1", id, eff, handled, deadIDs[id])
-				}
-				continue
-			}
-			if eff != 1 || !handled || deadIDs[id] != 0 {
-				t.Errorf("%s: %d effects, record %v, %d dead letters (handler ran %d times); want 1, true, 0", id, eff, handled, deadIDs[id], runs[id])
-			}
-		}
 	})
 }
