@@ -474,3 +474,24 @@ var (
 	// interruptHook is what ackwise_test_cancel() calls.
 	interruptHook atomic.Pointer[context.CancelFunc]
 )
+
+// TestEngineAppliesEachEventOnceUnderFaults runs inboxtest.RunEngine: the
+// engine on the memory broker with every settle and dead-letter fault, and a
+// handler that writes its effect row through Tx before failing on some
+// events.
+func TestEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	inboxtest.RunEngine(t, inboxtest.Engine{
+		Store:   b.store,
+		Handled: b.store.Handled,
+		Apply: func(ctx context.Context, msg *ackwise.Message) error {
+			_, err := sqliteinbox.Tx(ctx).ExecContext(ctx, `INSERT INTO effects (event_id) VALUES (?)`, msg.ID)
+			return err
+		},
+		Effects: func(t testing.TB, id string) int {
+			return b.count(t, `SELECT count(*) FROM effects WHERE event_id = ?`, id)
+		},
+		Transactional: true,
+	})
+}
