@@ -24,7 +24,9 @@ type Engine struct {
 	Handled func(ctx context.Context, key middleware.InboxKey) (bool, error)
 	// Apply applies msg's effect. ctx is the context the inbox hands the
 	// handler (carrying the claim's transaction, if the store has one); an
-	// error is returned by the handler.
+	// error is returned by the handler. Nil (with Effects nil) means an
+	// effect in another system the store cannot roll back: a count in
+	// memory.
 	Apply func(ctx context.Context, msg *ackwise.Message) error
 	// Effects returns how many effects of eventID have been applied.
 	Effects func(t testing.TB, eventID string) int
@@ -49,6 +51,21 @@ type Engine struct {
 func RunEngine(t *testing.T, e Engine) {
 	t.Helper()
 	const n = 120
+	if e.Apply == nil && e.Effects == nil {
+		var mu sync.Mutex
+		effects := map[string]int{}
+		e.Apply = func(_ context.Context, msg *ackwise.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			effects[msg.ID]++
+			return nil
+		}
+		e.Effects = func(_ testing.TB, id string) int {
+			mu.Lock()
+			defer mu.Unlock()
+			return effects[id]
+		}
+	}
 	broker, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
