@@ -1,6 +1,7 @@
 package meminbox_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -51,4 +52,17 @@ func TestPruneRemovesOnlyExpired(t *testing.T) {
 	if !s.Handled(middleware.InboxKey{Consumer: "c", EventID: "new"}) {
 		t.Error("Prune removed a record younger than the retention")
 	}
+}
+
+// TestEngineAppliesEachEventOnceUnderFaults runs inboxtest.RunEngine. The
+// store does not roll effects back, so the handler applies its effect only
+// when it succeeds; the store's promise is that the engine's duplicates,
+// lost acks and crashes before the ack never run a succeeded event again.
+func TestEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
+	t.Parallel()
+	s := meminbox.New(nil)
+	inboxtest.RunEngine(t, inboxtest.Engine{
+		Store:   s,
+		Handled: func(_ context.Context, key middleware.InboxKey) (bool, error) { return s.Handled(key), nil },
+	})
 }

@@ -201,3 +201,17 @@ func TestConfigValidation(t *testing.T) {
 		t.Error("New(nil): no error")
 	}
 }
+
+// TestEngineAppliesEachEventOnceUnderFaults runs inboxtest.RunEngine with an
+// effect in another system (a count in memory) that the handler applies only
+// when it succeeds: the store marks success, it does not roll effects back.
+// Its promise is that the engine's duplicates, lost acks and crashes before
+// the ack never run a succeeded event again. The lock lives far longer than
+// a handler runs (the documented condition), and short enough that a
+// duplicate arriving while its twin runs (told to retry after the lock's
+// remaining time) would not stall the test.
+func TestEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t, redisinbox.Config{LockTTL: time.Second})
+	inboxtest.RunEngine(t, inboxtest.Engine{Store: s, Handled: s.Handled})
+}
