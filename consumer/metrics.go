@@ -20,11 +20,14 @@ const (
 	// MetricMessages counts handled messages by outcome ({message}).
 	MetricMessages = "ackwise.consumer.messages"
 	// MetricHandlerDuration is the handler's run time in seconds, recorded
-	// for every outcome except released (the handler did not run).
+	// once per run: not for released (the handler did not run), nor for a
+	// failed move tried again (its run was recorded with its first
+	// settle-failed).
 	MetricHandlerDuration = "ackwise.consumer.handler.duration"
-	// MetricRedeliveries counts messages whose outcome came on a delivery
-	// other than the first (Message.Attempt > 1): every outcome but retried
-	// ({message}).
+	// MetricRedeliveries counts deliveries other than the first
+	// (Message.Attempt > 1) whose handler ran or that were released, once
+	// per delivery: every outcome but retried, and not again for a failed
+	// move tried again ({message}).
 	MetricRedeliveries = "ackwise.consumer.redeliveries"
 
 	// AttrOutcome is the outcome name (Outcome.String: acked, retried,
@@ -77,7 +80,8 @@ type sourceOpts struct {
 //     attributes ackwise.outcome, messaging.destination.name (the source)
 //     and ackwise.consumer.name;
 //   - ackwise.consumer.handler.duration (histogram, s): the handler's run
-//     time, same attributes, for every outcome but released;
+//     time, same attributes, once per run: for every outcome with a nonzero
+//     elapsed (not released, nor a failed move tried again);
 //   - ackwise.consumer.redeliveries (counter, {message}): outcomes other
 //     than retried of deliveries with Attempt > 1 — messages that needed
 //     more than one delivery — with the source and consumer attributes.

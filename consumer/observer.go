@@ -45,7 +45,9 @@ func (o Outcome) String() string {
 
 // Observer is told each outcome, for metrics. Observe must be fast and safe
 // for concurrent use, and must not keep msg after returning (the source may
-// reuse it); elapsed is the handler's run time (zero when it did not run).
+// reuse it); elapsed is the handler's run time, zero for an outcome without
+// a run of its own: Released, and a failed move (Nack, DeadLetter) tried
+// again in place, whose run came with its first SettleFailed.
 type Observer interface {
 	Observe(msg *ackwise.Message, o Outcome, elapsed time.Duration)
 }
