@@ -496,7 +496,9 @@ func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed t
 	}
 	err := c.invoke(ctx, msg)
 	if c.cfg.Observer != nil {
-		elapsed = time.Since(start)
+		// At least 1ns: a zero elapsed tells the Observer the handler did
+		// not run (a clock coarser than the run would read 0).
+		elapsed = max(time.Since(start), 1)
 	}
 	if err == nil {
 		if c.breaker != nil {
