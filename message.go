@@ -30,6 +30,13 @@ const (
 	HeaderTraceparent = "traceparent"
 )
 
+// IsHopHeader reports whether key is one of the headers the engine's own
+// hops carry (HeaderAttempt, HeaderFirstFailure): sinks and redrive drop
+// them, so that a message published anew starts at attempt 1.
+func IsHopHeader(key string) bool {
+	return key == HeaderAttempt || key == HeaderFirstFailure
+}
+
 // Header is one message header.
 type Header struct {
 	Key   string

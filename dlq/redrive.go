@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -455,9 +456,7 @@ var errRateDeadline = errors.New("dlq: redrive stopped: the context's deadline c
 
 // redriveCopy is the message Redrive publishes for the dead letter msg.
 func redriveCopy(msg *ackwise.Message) *ackwise.Message {
-	h := Strip(msg.Headers)
-	h.Del(ackwise.HeaderAttempt)
-	h.Del(ackwise.HeaderFirstFailure)
+	h := slices.DeleteFunc(Strip(msg.Headers), func(kv ackwise.Header) bool { return ackwise.IsHopHeader(kv.Key) })
 	// Apply leaves credentials out of a dead letter; one written otherwise
 	// (by an older release, another tool) still goes back without them.
 	h = withoutSecrets(h)

@@ -190,8 +190,7 @@ func recordHeaders(m *ackwise.Message) []kgo.RecordHeader {
 	}
 	for _, kv := range m.Headers {
 		switch {
-		case m.ID != "" && kv.Key == ackwise.HeaderEventID,
-			kv.Key == ackwise.HeaderAttempt, kv.Key == ackwise.HeaderFirstFailure:
+		case m.ID != "" && kv.Key == ackwise.HeaderEventID, ackwise.IsHopHeader(kv.Key):
 			continue
 		}
 		hs = append(hs, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})

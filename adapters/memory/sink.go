@@ -55,17 +55,16 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 // they are) made without them.
 func withoutHopHeaders(msgs []*ackwise.Message) []*ackwise.Message {
 	var out []*ackwise.Message
+	hop := func(h ackwise.Header) bool { return ackwise.IsHopHeader(h.Key) }
 	for i, m := range msgs {
-		if !m.Headers.Has(ackwise.HeaderAttempt) && !m.Headers.Has(ackwise.HeaderFirstFailure) {
+		if !slices.ContainsFunc(m.Headers, hop) {
 			continue
 		}
 		if out == nil {
 			out = slices.Clone(msgs)
 		}
 		c := *m
-		c.Headers = m.Headers.Clone()
-		c.Headers.Del(ackwise.HeaderAttempt)
-		c.Headers.Del(ackwise.HeaderFirstFailure)
+		c.Headers = slices.DeleteFunc(m.Headers.Clone(), hop)
 		out[i] = &c
 	}
 	if out == nil {

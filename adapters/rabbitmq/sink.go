@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -118,8 +119,7 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		// The engine's hop headers: copied from a delivery a handler
 		// forwards, they would count the new message's attempts from
 		// that delivery's. Nack sets them on its own copies.
-		delete(h, ackwise.HeaderAttempt)
-		delete(h, ackwise.HeaderFirstFailure)
+		maps.DeleteFunc(h, func(k string, _ any) bool { return ackwise.IsHopHeader(k) })
 		if id != "" {
 			h[ackwise.HeaderEventID] = id
 		}
