@@ -411,16 +411,10 @@ func history(t *testing.T, br *memory.Broker, dest string) []memory.Event {
 
 // checkStressFates checks that every record ended as its class says: acked
 // after a success, or dead-lettered with its payload intact.
-func checkStressFates(t *testing.T, seed uint64, br *memory.Broker, topic, dlqName string, w *stressWorld) {
-	acked, dead := map[string]bool{}, map[string]bool{}
-	for _, e := range history(t, br, topic) {
-		switch {
-		case e.Kind == memory.EventAcked:
-			acked[e.ID] = true
-		case e.Kind == memory.EventDeadLettered && e.Consumer != "":
-			dead[e.ID] = true
-		}
-	}
+// deadLetters returns the IDs of the dead letters in dlqName, checking
+// that each is a published record's, payload byte for byte.
+func (w *stressWorld) deadLetters(t *testing.T, seed uint64, br *memory.Broker, dlqName string) map[string]bool {
+	t.Helper()
 	letters, err := br.Messages(dlqName)
 	if err != nil {
 		t.Fatal(err)
@@ -434,12 +428,32 @@ func checkStressFates(t *testing.T, seed uint64, br *memory.Broker, topic, dlqNa
 		}
 		inDLQ[m.ID] = true
 	}
-	succeeded := map[string]bool{}
+	return inDLQ
+}
+
+// succeeded returns the IDs whose handler succeeded at least once.
+func (w *stressWorld) succeeded() map[string]bool {
+	out := map[string]bool{}
 	for _, ids := range w.effects {
 		for _, id := range ids {
-			succeeded[id] = true
+			out[id] = true
 		}
 	}
+	return out
+}
+
+func checkStressFates(t *testing.T, seed uint64, br *memory.Broker, topic, dlqName string, w *stressWorld) {
+	acked, dead := map[string]bool{}, map[string]bool{}
+	for _, e := range history(t, br, topic) {
+		switch {
+		case e.Kind == memory.EventAcked:
+			acked[e.ID] = true
+		case e.Kind == memory.EventDeadLettered && e.Consumer != "":
+			dead[e.ID] = true
+		}
+	}
+	inDLQ := w.deadLetters(t, seed, br, dlqName)
+	succeeded := w.succeeded()
 	for _, r := range w.recs {
 		fate := fmt.Sprintf("%s (key %s, p%d@%d, class %d, %d calls): acked %t, dead-lettered %t (in the DLQ %t), succeeded %t",
 			r.id, r.key, r.part, r.off, r.class, w.calls[r.id], acked[r.id], dead[r.id], inDLQ[r.id], succeeded[r.id])

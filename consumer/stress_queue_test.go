@@ -1,7 +1,6 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -309,25 +308,8 @@ func checkQueueFates(t *testing.T, seed uint64, br *memory.Broker, queue, dlqNam
 	if st.Ready != 0 || st.Delayed != 0 || st.InFlight != 0 {
 		t.Errorf("seed %d: the queue still holds messages: %+v", seed, st)
 	}
-	letters, err := br.Messages(dlqName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	inDLQ := map[string]bool{}
-	for _, m := range letters {
-		r := w.recs[m.ID]
-		if r == nil || !bytes.Equal(m.Payload, r.payload) {
-			t.Errorf("seed %d: dead letter %q with payload %q: not a published message's", seed, m.ID, m.Payload)
-			continue
-		}
-		inDLQ[m.ID] = true
-	}
-	succeeded := map[string]bool{}
-	for _, ids := range w.effects {
-		for _, id := range ids {
-			succeeded[id] = true
-		}
-	}
+	inDLQ := w.deadLetters(t, seed, br, dlqName)
+	succeeded := w.succeeded()
 	for _, r := range w.recs {
 		fate := fmt.Sprintf("%s (key %s, class %d, %d calls): settled %d times, acked %t, dead-lettered %t (by the broker %t, in the DLQ %t), succeeded %t",
 			r.id, r.key, r.class, w.calls[r.id], settles[r.id], acked[r.id], dead[r.id], redriven[r.id], inDLQ[r.id], succeeded[r.id])
