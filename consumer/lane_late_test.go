@@ -77,18 +77,7 @@ func TestMessageReceivedBeforeLaneReleaseDoesNotOvertake(t *testing.T) {
 		close(src.proceed)
 		t.Fatalf("stats %+v", c.Stats())
 	}
-	close(src.proceed)
-	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Acked == 2 }) {
-		t.Fatalf("stats %+v", c.Stats())
-	}
-	if err := stop(); err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(done, []string{"first", "second"}) {
-		t.Fatalf("key k's effects in the order %v: want first (its redelivery), then second", done)
-	}
+	requireFirstThenSecond(t, c, stop, src.proceed, &mu, &done)
 }
 
 // relayRace is a refusingDLQ that redelivers what it releases, with gates
@@ -180,7 +169,15 @@ func TestRedeliveryReleasedBehindItsLaneDoesNotLoseItsPlace(t *testing.T) {
 		close(src.proceed)
 		t.Fatalf("stats %+v", c.Stats())
 	}
-	close(src.proceed)
+	requireFirstThenSecond(t, c, stop, src.proceed, &mu, &done)
+}
+
+// requireFirstThenSecond lets a gated source proceed, waits until both
+// messages are acked, stops Run and checks that key k's effects (done,
+// under mu) came in the order first (its redelivery), then second.
+func requireFirstThenSecond(t *testing.T, c *consumer.Consumer, stop func() error, proceed chan struct{}, mu *sync.Mutex, done *[]string) {
+	t.Helper()
+	close(proceed)
 	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Acked == 2 }) {
 		t.Fatalf("stats %+v", c.Stats())
 	}
@@ -189,7 +186,7 @@ func TestRedeliveryReleasedBehindItsLaneDoesNotLoseItsPlace(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	if !slices.Equal(done, []string{"first", "second"}) {
-		t.Fatalf("key k's effects in the order %v: want first (its redelivery), then second", done)
+	if !slices.Equal(*done, []string{"first", "second"}) {
+		t.Fatalf("key k's effects in the order %v: want first (its redelivery), then second", *done)
 	}
 }
