@@ -141,6 +141,15 @@ func moveOutageOf(t *testing.T, cfg Config) (*amqp.Connection, Config, validated
 	return c, cfg, v, src, validLog{src.Source, make(chan seenOutcome, 64)}
 }
 
+// failPermanently is a handler whose every run fails permanently, counted
+// in runs.
+func failPermanently(runs *atomic.Int32) ackwise.Handler {
+	return ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		runs.Add(1)
+		return ackwise.Permanent(errors.New("bad payload"))
+	})
+}
+
 // TestDeadLetterQueueGoneWaitsInPlace: the dead-letter queue is deleted
 // under a consumer whose message fails permanently. Each dead letter is
 // returned unroutable; the message stays in flight (valid, not requeued),
@@ -151,10 +160,7 @@ func TestDeadLetterQueueGoneWaitsInPlace(t *testing.T) {
 	c, cfg, v, src, log := moveOutage(t)
 	deleteQueue(t, c, v.DeadLetterQueue)
 	var runs atomic.Int32
-	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		runs.Add(1)
-		return ackwise.Permanent(errors.New("bad payload"))
-	})
+	h := failPermanently(&runs)
 	stop := runEngine(t, src, h, consumer.Config{Observer: log})
 
 	awaitFailedTries(t, log, src.errs, 3)
@@ -237,10 +243,7 @@ func TestMoveWaitEndsWithItsChannel(t *testing.T) {
 	c, cfg, v, src, log := moveOutage(t)
 	deleteQueue(t, c, v.DeadLetterQueue)
 	var runs atomic.Int32
-	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		runs.Add(1)
-		return ackwise.Permanent(errors.New("bad payload"))
-	})
+	h := failPermanently(&runs)
 	stop := runEngine(t, src, h, consumer.Config{Observer: log})
 
 	awaitFailedTries(t, log, src.errs, 2)
@@ -290,9 +293,7 @@ func TestStopWhileMoveWaits(t *testing.T) {
 	t.Parallel()
 	c, cfg, v, src, log := moveOutage(t)
 	deleteQueue(t, c, v.DeadLetterQueue)
-	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		return ackwise.Permanent(errors.New("bad payload"))
-	})
+	h := failPermanently(new(atomic.Int32))
 	stop := runEngine(t, src, h, consumer.Config{Observer: log, DrainTimeout: time.Minute})
 
 	// Pauses of 10ms doubling: after the 9th failed try the next is 2.56s
