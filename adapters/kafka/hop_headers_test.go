@@ -175,13 +175,9 @@ func TestTransactSessionOutputDropsHopHeaders(t *testing.T) {
 		}
 		return nil
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- sess.Run(runCtx, fn) }()
+	done, stop := runTxn(ctx, sess, fn)
 	waitTxnCommitted(ctx, t, sess, cfg, 1, done)
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
 	checkNoHopHeaders(t, readIsolated(ctx, t, brokers, out, kgo.ReadCommitted()), msgs)

@@ -52,16 +52,12 @@ func TestTransactSessionCountsAttempts(t *testing.T) {
 		emit(Output{Topic: dead, Key: m.Key, Payload: m.Payload, ID: m.ID})
 		return nil
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- sess.Run(runCtx, fn) }()
+	done, stop := runTxn(ctx, sess, fn)
 	waitTxnCommitted(ctx, t, sess, cfg, 2, done)
 	// A third record, after the two committed: a first delivery again.
 	publishN(t, sink, 1, func(int) string { return "k" })
 	waitTxnCommitted(ctx, t, sess, cfg, 3, done)
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
 	close(got)

@@ -3,6 +3,7 @@ package kafka
 import (
 	"context"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,13 +37,9 @@ func TestTransactSessionOutputIDOverridesCopiedHeader(t *testing.T) {
 		emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, Headers: m.Headers.Clone()})
 		return nil
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- sess.Run(runCtx, fn) }()
+	done, stop := runTxn(ctx, sess, fn)
 	waitTxnCommitted(ctx, t, sess, cfg, 1, done)
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
 	recs := readIsolated(ctx, t, brokers, out, kgo.ReadCommitted())
@@ -71,6 +68,24 @@ func TestTransactSessionOutputIDOverridesCopiedHeader(t *testing.T) {
 }
 
 // waitTxnCommitted waits until sess, running with its result going to done,
+// runTxn runs sess.Run(fn) in the background until stop, which returns
+// Run's error (the same on every call). done receives that error when Run
+// returns on its own.
+func runTxn(ctx context.Context, sess *TransactSession, fn Transform) (done <-chan error, stop func() error) {
+	runCtx, cancel := context.WithCancel(ctx)
+	ch := make(chan error, 1)
+	go func() { ch <- sess.Run(runCtx, fn) }()
+	var once sync.Once
+	var err error
+	return ch, func() error {
+		once.Do(func() {
+			cancel()
+			err = <-ch
+		})
+		return err
+	}
+}
+
 // committed the input offset at of partition 0 of cfg.Topic.
 func waitTxnCommitted(ctx context.Context, t *testing.T, sess *TransactSession, cfg Config, at int64, done <-chan error) {
 	t.Helper()
@@ -119,18 +134,12 @@ func TestTransactSessionAbortsAfterFlushTimeout(t *testing.T) {
 		c.DropControl()
 		return nil, nil, false // kfake handles it
 	})
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
-	go func() {
-		done <- sess.Run(runCtx, func(_ context.Context, m *ackwise.Message, emit func(Output)) error {
-			emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, ID: m.ID})
-			return nil
-		})
-	}()
+	done, stop := runTxn(ctx, sess, func(_ context.Context, m *ackwise.Message, emit func(Output)) error {
+		emit(Output{Topic: out, Key: m.Key, Payload: m.Payload, ID: m.ID})
+		return nil
+	})
 	waitTxnCommitted(ctx, t, sess, cfg, 1, done)
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
 	if recs := readIsolated(ctx, t, brokers, out, kgo.ReadCommitted()); len(recs) != 1 {

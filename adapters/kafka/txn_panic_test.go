@@ -53,13 +53,9 @@ func TestTransactSessionAbortsOnPanic(t *testing.T) {
 			t.Fatalf("after the panic, transaction %s is still open: %+v", tx.TxnID, tx)
 		}
 	}
-	runCtx, stop := context.WithCancel(ctx)
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- sess.Run(runCtx, fn) }()
+	done, stop := runTxn(ctx, sess, fn)
 	waitTxnCommitted(ctx, t, sess, cfg, 1, done)
-	stop()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatalf("Run after the panic = %v", err)
 	}
 	if recs := readIsolated(ctx, t, brokers, out, kgo.ReadCommitted()); len(recs) != 1 {
