@@ -46,20 +46,26 @@ func refuseProducesTo(t *testing.T, c *kfake.Cluster, topic string, refusing *at
 		if !refusing.Load() || !slices.ContainsFunc(r.Topics, func(t kmsg.ProduceRequestTopic) bool { return t.Topic == topic || t.TopicID == id }) {
 			return nil, nil, false
 		}
-		resp := r.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range r.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = 29
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return refusedProduce(r), nil, true
 	})
+}
+
+// refusedProduce answers r with TOPIC_AUTHORIZATION_FAILED for every
+// partition it writes to: an error the client does not retry.
+func refusedProduce(r *kmsg.ProduceRequest) *kmsg.ProduceResponse {
+	resp := r.ResponseKind().(*kmsg.ProduceResponse)
+	for _, rt := range r.Topics {
+		st := kmsg.NewProduceResponseTopic()
+		st.Topic, st.TopicID = rt.Topic, rt.TopicID
+		for _, rp := range rt.Partitions {
+			sp := kmsg.NewProduceResponseTopicPartition()
+			sp.Partition = rp.Partition
+			sp.ErrorCode = 29
+			st.Partitions = append(st.Partitions, sp)
+		}
+		resp.Topics = append(resp.Topics, st)
+	}
+	return resp
 }
 
 // badOutcomes is a consumer.Observer that sends the outcomes of the record

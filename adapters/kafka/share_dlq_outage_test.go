@@ -41,19 +41,7 @@ func TestShareDeadLetterOutageKeepsRecord(t *testing.T) {
 			return nil, nil, false
 		}
 		refused++
-		resp := r.ResponseKind().(*kmsg.ProduceResponse)
-		for _, rt := range r.Topics {
-			st := kmsg.NewProduceResponseTopic()
-			st.Topic, st.TopicID = rt.Topic, rt.TopicID
-			for _, rp := range rt.Partitions {
-				sp := kmsg.NewProduceResponseTopicPartition()
-				sp.Partition = rp.Partition
-				sp.ErrorCode = 29 // TOPIC_AUTHORIZATION_FAILED: not retried by the client
-				st.Partitions = append(st.Partitions, sp)
-			}
-			resp.Topics = append(resp.Topics, st)
-		}
-		return resp, nil, true
+		return refusedProduce(r), nil, true
 	})
 	var runs atomic.Int32
 	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
