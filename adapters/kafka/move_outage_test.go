@@ -254,6 +254,18 @@ func (o *outage) heldCommit(t *testing.T) (p int32, off int64, ends map[int32]in
 	return p, off, ends
 }
 
+// badFailsPermanently is a handler that records each run and fails the
+// record "bad" permanently.
+func (o *outage) badFailsPermanently() ackwise.Handler {
+	return ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		o.handle(m)
+		if m.ID == "bad" {
+			return ackwise.Permanent(errors.New("bad payload"))
+		}
+		return nil
+	})
+}
+
 // TestDeadLetterOutageHoldsOnlyItsRecord: the dead-letter topic refuses
 // produces: the record waits in place (valid, handler run once), the
 // records of other keys and of the other partition are handled and
@@ -262,13 +274,7 @@ func (o *outage) heldCommit(t *testing.T) (p int32, off int64, ends map[int32]in
 func TestDeadLetterOutageHoldsOnlyItsRecord(t *testing.T) {
 	t.Parallel()
 	o := newOutage(t, func(cfg Config) string { return cfg.Topics()[1] })
-	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
-		o.handle(m)
-		if m.ID == "bad" {
-			return ackwise.Permanent(errors.New("bad payload"))
-		}
-		return nil
-	})
+	h := o.badFailsPermanently()
 	o.runTimed(t, h, consumer.Config{Concurrency: 4})
 	o.log.awaitFailedTries(t, 2)
 	p, _, ends := o.heldCommit(t)
@@ -339,13 +345,7 @@ func TestRetryTopicOutageHoldsOnlyItsRecord(t *testing.T) {
 func TestStopWhileMoveWaitsGroup(t *testing.T) {
 	t.Parallel()
 	o := newOutage(t, func(cfg Config) string { return cfg.Topics()[1] })
-	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
-		o.handle(m)
-		if m.ID == "bad" {
-			return ackwise.Permanent(errors.New("bad payload"))
-		}
-		return nil
-	})
+	h := o.badFailsPermanently()
 	stop := o.runTimed(t, h, consumer.Config{Concurrency: 4, DrainTimeout: time.Minute})
 	// Pauses of 10ms doubling: after the 9th failed try the next is 2.56s
 	// away.
