@@ -12,14 +12,16 @@ import (
 	"github.com/ackwise/ackwise/dlq"
 )
 
-// seqSource delivers total messages of one key, "k", in order, and counts
-// them; settles are accepted and counted.
+// seqSource delivers total messages of one key, "k", in order (with
+// distinct, each with a key and a partition of its own), and counts them;
+// settles are accepted and counted.
 type seqSource struct {
 	mu        sync.Mutex
 	cond      *sync.Cond
 	delivered int
 	total     int
 	acked     int
+	distinct  bool
 }
 
 func newSeqSource(total int) *seqSource {
@@ -41,12 +43,25 @@ func (s *seqSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, e
 	}
 	n := 0
 	for n < len(buf) && s.delivered < s.total {
-		buf[n] = &ackwise.Message{ID: fmt.Sprint(s.delivered), Key: "k", Partition: -1, Offset: -1, Handle: s.delivered}
+		m := &ackwise.Message{ID: fmt.Sprint(s.delivered), Key: "k", Partition: -1, Offset: -1, Handle: s.delivered}
+		if s.distinct {
+			m.Key, m.Source, m.Partition = fmt.Sprint("key-", s.delivered), "s", int32(s.delivered)
+		}
+		buf[n] = m
 		s.delivered++
 		n++
 	}
 	s.cond.Broadcast()
 	return n, nil
+}
+
+// awaitAcked blocks until n messages were acked.
+func (s *seqSource) awaitAcked(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.acked < n {
+		s.cond.Wait()
+	}
 }
 
 // awaitDelivered blocks until n messages were delivered.
@@ -118,11 +133,7 @@ func TestLaneQueueStaysBoundedWhileBusy(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- c.Run(ctx) }()
-			src.mu.Lock()
-			for src.acked < total {
-				src.cond.Wait()
-			}
-			src.mu.Unlock()
+			src.awaitAcked(total)
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatal(err)
@@ -131,6 +142,39 @@ func TestLaneQueueStaysBoundedWhileBusy(t *testing.T) {
 			defer c.mu.Unlock()
 			if maxCap > 4*inflight {
 				t.Fatalf("a busy lane's queue grew to %d slots for %d messages, MaxInFlight %d", maxCap, total, inflight)
+			}
+		})
+	}
+}
+
+// TestLanesStayBoundedOverManyKeys: keys (or partitions) seen once each
+// leave idle lanes behind; the lanes kept, in the map and for reuse, stay
+// within laneLimit however many keys went by (invariant 6), instead of one
+// per key ever seen.
+func TestLanesStayBoundedOverManyKeys(t *testing.T) {
+	t.Parallel()
+	for _, o := range []Ordering{OrderKey, OrderPartition} {
+		t.Run(o.String(), func(t *testing.T) {
+			t.Parallel()
+			src := newSeqSource(20000)
+			src.distinct = true
+			c, err := New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil }), Config{Ordering: o, MaxInFlight: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			errc := make(chan error, 1)
+			go func() { errc <- c.Run(ctx) }()
+			src.awaitAcked(src.total)
+			c.mu.Lock()
+			lanes, free := len(c.keyLanes)+len(c.partLanes), len(c.freeLanes)
+			c.mu.Unlock()
+			cancel()
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			if lanes+free > c.laneLimit {
+				t.Fatalf("%d lanes kept (%d in the map, %d free) after %d keys: more than the limit %d", lanes+free, lanes, free, src.total, c.laneLimit)
 			}
 		})
 	}
