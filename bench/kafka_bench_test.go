@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -189,22 +190,89 @@ func gcCycles() uint32 {
 	return ms.NumGC
 }
 
-// meter is where a consume run started: the wall clock, the process's CPU
-// time and the garbage collections.
-type meter struct {
-	start time.Time
-	cpu   time.Duration
-	gcs   uint32
+// machineBusy is the CPU time all processes on the machine used so far
+// (every core's user, system, interrupt and steal time in /proc/stat), or
+// 0 where there is no /proc/stat.
+func machineBusy() time.Duration {
+	f, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0
+	}
+	line, _, _ := strings.Cut(string(f), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 9 || fields[0] != "cpu" {
+		return 0
+	}
+	var ticks int64
+	for i, f := range fields[1:9] {
+		if i == 3 || i == 4 { // idle, iowait
+			continue
+		}
+		n, _ := strconv.ParseInt(f, 10, 64)
+		ticks += n
+	}
+	return time.Duration(ticks) * (time.Second / clockTicks)
 }
 
-func startMeter() meter { return meter{time.Now(), cpuNow(), gcCycles()} }
+// clockTicks is the unit of /proc/stat and /proc/<pid>/stat (USER_HZ),
+// 100 on Linux.
+const clockTicks = 100
+
+// brokerCPU is the CPU time the broker's process used so far when it runs
+// in a process of its own (kfakeProcess), or 0.
+func brokerCPU() time.Duration {
+	pid := kfakePID.Load()
+	if pid == 0 {
+		return 0
+	}
+	f, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command's closing parenthesis; utime and
+	// stime are the 12th and 13th of them.
+	_, rest, _ := strings.Cut(string(f), ") ")
+	fields := strings.Fields(rest)
+	if len(fields) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseInt(fields[11], 10, 64)
+	st, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(u+st) * (time.Second / clockTicks)
+}
+
+// meter is where a consume run started: the wall clock, the process's CPU
+// time, the garbage collections, the machine's busy time and the broker
+// process's CPU time.
+type meter struct {
+	start  time.Time
+	cpu    time.Duration
+	gcs    uint32
+	busy   time.Duration
+	broker time.Duration // -1: the broker runs in this process
+}
+
+func startMeter() meter {
+	broker := time.Duration(-1)
+	if kfakePID.Load() != 0 {
+		broker = brokerCPU()
+	}
+	return meter{time.Now(), cpuNow(), gcCycles(), machineBusy(), broker}
+}
 
 // report reports msgs/s, the process's CPU per record and the garbage
 // collections since m.
 func (m meter) report(b *testing.B) {
-	b.ReportMetric(float64(b.N)/time.Since(m.start).Seconds(), "msgs/s")
+	wall := time.Since(m.start)
+	b.ReportMetric(float64(b.N)/wall.Seconds(), "msgs/s")
 	b.ReportMetric(float64(cpuNow()-m.cpu)/float64(b.N), "cpu-ns/op")
 	b.ReportMetric(float64(gcCycles()-m.gcs), "gcs")
+	if m.busy > 0 {
+		b.ReportMetric(float64(machineBusy()-m.busy)/float64(wall), "busy-cores")
+	}
+	if m.broker >= 0 {
+		b.ReportMetric(float64(brokerCPU()-m.broker)/float64(b.N), "broker-cpu-ns/op")
+	}
 }
 
 // BenchmarkKafkaConsumeCommit consumes b.N records with a no-op handler and
@@ -230,6 +298,12 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 		"ackwise-engine":  consumeEngine,
 		"watermill-kafka": consumeWatermill,
 	}
+	runPayloads(b, order, run)
+}
+
+// runPayloads runs the variants in order, as named in run, once per
+// payload: payload=zeros/raw-franz-go, and so on.
+func runPayloads(b *testing.B, order []string, run map[string]func(*testing.B, kafkaPayload)) {
 	for _, p := range kafkaPayloads {
 		b.Run("payload="+p.name, func(b *testing.B) {
 			for _, name := range order {
@@ -243,6 +317,15 @@ func BenchmarkKafkaConsumeCommit(b *testing.B) {
 func consumeRaw(b *testing.B, p kafkaPayload) {
 	brokers, topic := kafkaFilledTopic(b, "raw", p)
 	mt := startMeter()
+	var sink int
+	rawLoop(b, brokers, topic, func(r *kgo.Record) { sink += len(r.Value) })
+	mt.report(b)
+	_ = sink
+}
+
+// rawLoop consumes b.N records of topic in group topic+"-g": poll, call
+// each on every record, commit what was polled (synchronously).
+func rawLoop(b *testing.B, brokers []string, topic string, each func(*kgo.Record)) {
 	// The same isolation level as the ackwise source (read_committed):
 	// kfake serves it more slowly than read_uncommitted, and the ratio
 	// is about the client side.
@@ -252,20 +335,18 @@ func consumeRaw(b *testing.B, p kafkaPayload) {
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	var sink int
 	for n := 0; n < b.N; {
 		fs := cl.PollFetches(ctx)
 		if err := fs.Err0(); err != nil {
 			b.Fatal(err)
 		}
-		fs.EachRecord(func(r *kgo.Record) { sink += len(r.Value); n++ })
+		fs.EachRecord(each)
+		n += fs.NumRecords()
 		if err := cl.CommitUncommittedOffsets(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}
 	cl.Close()
-	mt.report(b)
-	_ = sink
 }
 
 // kafkaTimedSource fills a topic with b.N records of payload p, then starts

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +18,10 @@ import (
 // The benchmark binary re-executes itself to serve a kfake broker in a
 // process of its own when ACKWISE_BENCH_KFAKE=process (see kafkaCluster).
 const kfakeChildEnv = "ACKWISE_BENCH_KFAKE_CHILD"
+
+// kfakePID is the process ID of the running broker process, 0 when there is
+// none (the meter reads its CPU time).
+var kfakePID atomic.Int64
 
 func TestMain(m *testing.M) {
 	if os.Getenv(kfakeChildEnv) != "" {
@@ -55,7 +60,9 @@ func kfakeProcess(b *testing.B) []string {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
+	kfakePID.Store(int64(cmd.Process.Pid))
 	b.Cleanup(func() {
+		kfakePID.Store(0)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 	})
