@@ -20,8 +20,9 @@ var ErrClosed = errors.New("adapters: closed")
 
 // Capabilities says what a source's broker can do. The engine picks its
 // strategy from these flags, never from type assertions; only the optional
-// cost-saving interfaces ([Recycler], [BatchAcker], [Detacher]) are found by
-// type assertion.
+// interfaces that change what a call costs or how soon something happens,
+// never what the engine does ([Recycler], [BatchAcker], [Detacher],
+// [Invalidator]), are found by type assertion.
 type Capabilities struct {
 	// Log means the source is a partitioned log (Kafka): messages carry
 	// Partition and Offset, Ack marks a record settled, and the source commits
@@ -147,6 +148,26 @@ type Detacher interface {
 	// Detach gives msg memory of its own; it ignores messages this source
 	// did not deliver.
 	Detach(msg *ackwise.Message)
+}
+
+// Invalidator is implemented by sources whose deliveries stop being Valid
+// on an event: a Kafka partition revoked, a RabbitMQ channel closed. The
+// engine checks Valid when a message's wait in place ends (a retry in
+// place, a failed move tried again, a held redelivery), and a message stays
+// in flight while it waits: told of the event, it hands back at once the
+// waiting messages no longer Valid, so that a revoke waiting for a
+// partition's messages in flight, or the redeliveries of a dead channel's
+// messages queued behind them, do not wait for their timers (up to 5s for a
+// failed move, the whole retry delay for a retry in place). Without it they
+// are handed back when their wait ends.
+type Invalidator interface {
+	// OnInvalid sets f, which the source calls each time messages it
+	// delivered stopped being Valid, after Valid began to return false for
+	// them (a message that stopped being Valid never is again). The source
+	// calls f without holding its own locks; f may call Valid, and returns
+	// quickly without waiting on the source. A later call replaces f; nil
+	// removes it. The engine sets it when Run starts.
+	OnInvalid(f func())
 }
 
 // BatchAcker is implemented by sources that ack a batch of messages for

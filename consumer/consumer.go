@@ -292,6 +292,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.work = make(chan *chunk, c.cfg.MaxInFlight)
 	c.slots = make(chan struct{}, c.cfg.Concurrency)
 	c.pace.reset()
+	if inv, ok := c.src.(adapters.Invalidator); ok {
+		inv.OnInvalid(c.wakeInvalid)
+	}
 
 	quit := make(chan struct{})   // workers and the stall watch
 	hbQuit := make(chan struct{}) // the heartbeat, which may outlive them
@@ -607,7 +610,8 @@ type pendingMove struct {
 // drops or dead-letters it, so a dead-letter destination refusing writes
 // for a few hundred milliseconds would lose the message. At stop the
 // message is released, unsettled; and so is one that stops being Valid
-// meanwhile (RabbitMQ: a delivery held past ConsumerTimeoutWarn, before the
+// meanwhile: at once when the source tells (wakeInvalid), else when its
+// pause ends (RabbitMQ: a delivery held past ConsumerTimeoutWarn, before the
 // broker's consumer_timeout takes back every delivery of its channel).
 func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	msg := t.msg
@@ -813,6 +817,13 @@ func (c *Consumer) waitInPlace(t task, delay time.Duration, retry bool) bool {
 // waitLocked is waitInPlace once it checked that the consumer is not
 // stopping and detached the message. Called with c.mu held.
 func (c *Consumer) waitLocked(t task, delay time.Duration, retry bool) {
+	if !c.src.Valid(t.msg) {
+		// No longer this consumer's: a worker hands it back now. Checked
+		// under c.mu, so that a wakeInvalid that ran before this wait
+		// began is not missed.
+		c.queueLocked(t)
+		return
+	}
 	if c.waiting == nil {
 		c.waiting = make(map[*ackwise.Message]waitEntry)
 	}
@@ -840,6 +851,25 @@ func (c *Consumer) wake(t task, retry bool) {
 		t.msg.Attempt++
 	}
 	c.queueLocked(t)
+}
+
+// wakeInvalid ends the in-place waits of the messages that are no longer
+// Valid (adapters.Invalidator): each goes to a worker as when its wait
+// ends, which hands it back (process, retryMove), observed as it would be
+// then, and releases the messages queued behind it in its lane. A retry's
+// wait ends without the next attempt: the message does not run again.
+func (c *Consumer) wakeInvalid() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stopping.Load() {
+		return // stop ends every wait
+	}
+	for msg, w := range c.waiting {
+		if !c.src.Valid(msg) && w.timer.Stop() {
+			delete(c.waiting, msg)
+			c.queueLocked(w.t)
+		}
+	}
 }
 
 // stop begins the drain: no more handler starts, in-place waits are

@@ -155,12 +155,23 @@ func (s *fakeSource) Close() error {
 
 // waitSettled blocks until n messages were settled in total or the timeout.
 func (s *fakeSource) waitSettled(n int, timeout time.Duration) bool {
+	return s.waitUntil(timeout, func() bool { return len(s.acked)+len(s.nacked)+len(s.dead) >= n })
+}
+
+// waitReleased blocks until n messages were released or the timeout.
+func (s *fakeSource) waitReleased(n int, timeout time.Duration) bool {
+	return s.waitUntil(timeout, func() bool { return len(s.released) >= n })
+}
+
+// waitUntil blocks until done, checked under s.mu after each settle, holds
+// or the timeout.
+func (s *fakeSource) waitUntil(timeout time.Duration, done func() bool) bool {
 	deadline := time.After(timeout)
 	for {
 		s.mu.Lock()
-		done := len(s.acked)+len(s.nacked)+len(s.dead) >= n
+		ok := done()
 		s.mu.Unlock()
-		if done {
+		if ok {
 			return true
 		}
 		select {
