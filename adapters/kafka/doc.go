@@ -53,7 +53,9 @@
 // that were fetched but not yet delivered are dropped, never handed out. On
 // revocation the source first waits up to [Config.RevokeTimeout] for
 // handlers already running on the partition to settle, so that their work is
-// committed rather than repeated by the next owner. franz-go heartbeats in
+// committed rather than repeated by the next owner; records waiting in the
+// engine (a retry in place, a failed move tried again) are handed back at
+// once ([Source.OnInvalid]), not when their waits end. franz-go heartbeats in
 // the background, and a rebalance waits only while a poll's records are
 // filed under their partitions (BlockRebalanceOnPoll) and, on revocation,
 // for at most RevokeTimeout, so a slow handler never gets the member evicted.

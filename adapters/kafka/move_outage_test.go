@@ -128,6 +128,13 @@ type outage struct {
 
 func newOutage(t *testing.T, refuse func(cfg Config) string, tiers ...time.Duration) *outage {
 	t.Helper()
+	return newOutageWith(t, nil, refuse, tiers...)
+}
+
+// newOutageWith is newOutage with opts as the source's client options
+// (Config.Options).
+func newOutageWith(t *testing.T, opts []kgo.Opt, refuse func(cfg Config) string, tiers ...time.Duration) *outage {
+	t.Helper()
 	c := newKfake(t)
 	o := &outage{brokers: c.ListenAddrs(), handled: map[string]int{}, ends: map[int32]int64{}, changed: make(chan struct{}, 1), attempt: map[string][]int{}}
 	o.cfg = testConfig(t, o.brokers, 2, tiers...)
@@ -144,7 +151,9 @@ func newOutage(t *testing.T, refuse func(cfg Config) string, tiers ...time.Durat
 	if err := openSink(t, o.cfg).Publish(ctx, msgs...); err != nil {
 		t.Fatal(err)
 	}
-	o.src = openSource(t, o.cfg)
+	srcCfg := o.cfg
+	srcCfg.Options = opts
+	o.src = openSource(t, srcCfg)
 	o.log = badOutcomes{o.src, make(chan badOutcome, 256)}
 	o.refusing.Store(true)
 	refuseProducesTo(t, c, refuse(o.cfg), &o.refusing)

@@ -72,6 +72,10 @@ type Source struct {
 	closeMu  sync.Mutex
 	closeErr error
 
+	// onInvalid is the engine's, told when records stop being Valid
+	// (OnInvalid).
+	onInvalid atomic.Pointer[func()]
+
 	// Test hooks, nil outside tests: a rewind checked ownership and calls
 	// SetOffsets next; onRevoked was entered; a commit read its offsets and
 	// sends them next.
@@ -114,10 +118,11 @@ type delivery struct {
 }
 
 var (
-	_ adapters.Source     = (*Source)(nil)
-	_ adapters.Recycler   = (*Source)(nil)
-	_ adapters.BatchAcker = (*Source)(nil)
-	_ adapters.Detacher   = (*Source)(nil)
+	_ adapters.Source      = (*Source)(nil)
+	_ adapters.Recycler    = (*Source)(nil)
+	_ adapters.BatchAcker  = (*Source)(nil)
+	_ adapters.Detacher    = (*Source)(nil)
+	_ adapters.Invalidator = (*Source)(nil)
 )
 
 // NewSource joins cfg.Group on cfg.Topic (and its retry topics, when
@@ -300,6 +305,11 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	if len(ps) == 0 {
 		return
 	}
+	if len(waits) > 0 {
+		// Records waiting in the engine (a retry in place, a failed move)
+		// are handed back now, not when their waits end.
+		s.invalidated()
+	}
 	if len(waits) > 0 && s.cfg.RevokeTimeout > 0 {
 		timer := time.NewTimer(s.cfg.RevokeTimeout)
 	wait:
@@ -360,6 +370,9 @@ func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int
 	s.dropLocked(cl, ps)
 	s.mu.Unlock()
 	s.rewindMu.Unlock()
+	if len(ps) > 0 {
+		s.invalidated()
+	}
 	s.log.Warn("kafka: partitions lost", "group", s.cfg.Group, "partitions", lost)
 }
 
@@ -1108,6 +1121,23 @@ func (s *Source) Detach(msg *ackwise.Message) {
 
 // ExtendLease does nothing: a partition owned by this member has no lease.
 func (s *Source) ExtendLease(context.Context, *ackwise.Message, time.Duration) error { return nil }
+
+// OnInvalid sets f, called when a revoke or a loss of partitions makes
+// records in flight no longer Valid (adapters.Invalidator).
+func (s *Source) OnInvalid(f func()) {
+	if f == nil {
+		s.onInvalid.Store(nil)
+		return
+	}
+	s.onInvalid.Store(&f)
+}
+
+// invalidated calls the OnInvalid function, if any. Called without locks.
+func (s *Source) invalidated() {
+	if f := s.onInvalid.Load(); f != nil {
+		(*f)()
+	}
+}
 
 // Valid reports whether msg's partition is still owned by this member and
 // not being revoked. It does not lock.
