@@ -51,9 +51,15 @@ type Source struct {
 	cancel    context.CancelFunc
 
 	timeoutWarnings metric.Int64Counter
+
+	// onInvalid is the engine's, told when a channel dies (OnInvalid).
+	onInvalid atomic.Pointer[func()]
 }
 
-var _ adapters.Source = (*Source)(nil)
+var (
+	_ adapters.Source      = (*Source)(nil)
+	_ adapters.Invalidator = (*Source)(nil)
+)
 
 // NewSource connects to the broker, declares (Config.DeclareTopology) or
 // verifies the topology, and starts consuming cfg.Queue. It fails, naming
@@ -266,6 +272,12 @@ func (ss *session) kill(err error) {
 		ss.mu.Unlock()
 		close(ss.dead)
 		go ss.conn.Close()
+		// Its deliveries waiting in the engine (a failed move, a retry in
+		// place) are handed back now, before the broker redelivers them
+		// to the next channel behind them.
+		if f := ss.src.onInvalid.Load(); f != nil {
+			(*f)()
+		}
 	})
 }
 
@@ -736,6 +748,16 @@ func (s *Source) Release(ctx context.Context, msg *ackwise.Message) error {
 // lease to extend, only the broker's consumer_timeout (see ConsumerTimeout).
 func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.Duration) error {
 	return nil
+}
+
+// OnInvalid sets f, called when a consuming channel dies and its
+// deliveries stop being Valid (adapters.Invalidator).
+func (s *Source) OnInvalid(f func()) {
+	if f == nil {
+		s.onInvalid.Store(nil)
+		return
+	}
+	s.onInvalid.Store(&f)
 }
 
 // Valid reports whether msg is still this consumer's to handle: the
