@@ -151,7 +151,8 @@ type Detacher interface {
 }
 
 // Invalidator is implemented by sources whose deliveries stop being Valid
-// on an event: a Kafka partition revoked, a RabbitMQ channel closed. The
+// on an event: a Kafka partition revoked, a RabbitMQ channel closed or a
+// delivery held past its ConsumerTimeoutWarn. The
 // engine checks Valid when a message's wait in place ends (a retry in
 // place, a failed move tried again, a held redelivery), and a message stays
 // in flight while it waits: told of the event, it hands back at once the

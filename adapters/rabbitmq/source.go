@@ -275,9 +275,7 @@ func (ss *session) kill(err error) {
 		// Its deliveries waiting in the engine (a failed move, a retry in
 		// place) are handed back now, before the broker redelivers them
 		// to the next channel behind them.
-		if f := ss.src.onInvalid.Load(); f != nil {
-			(*f)()
-		}
+		ss.src.invalidated()
 	})
 }
 
@@ -751,13 +749,21 @@ func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.D
 }
 
 // OnInvalid sets f, called when a consuming channel dies and its
-// deliveries stop being Valid (adapters.Invalidator).
+// deliveries stop being Valid, and when deliveries in flight are held past
+// ConsumerTimeoutWarn (adapters.Invalidator).
 func (s *Source) OnInvalid(f func()) {
 	if f == nil {
 		s.onInvalid.Store(nil)
 		return
 	}
 	s.onInvalid.Store(&f)
+}
+
+// invalidated calls the OnInvalid function, if any. Called without locks.
+func (s *Source) invalidated() {
+	if f := s.onInvalid.Load(); f != nil {
+		(*f)()
+	}
 }
 
 // Valid reports whether msg is still this consumer's to handle: the

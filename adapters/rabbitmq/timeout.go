@@ -42,6 +42,7 @@ func (s *Source) warnSlow(ss *session, now time.Time) {
 	// younger), are in delivery order: stop at the first delivery that is
 	// young enough.
 	young := false
+	inFlight := false // a delivery in the engine's hands just became invalid (see Valid)
 	for r := ss.head; r != nil; r = r.next {
 		held := now.Sub(r.at)
 		if held < s.v.ConsumerTimeoutWarn {
@@ -50,6 +51,7 @@ func (s *Source) warnSlow(ss *session, now time.Time) {
 		}
 		if !r.warned {
 			r.warned = true
+			inFlight = true
 			slow = append(slow, slowDelivery{tag: r.d.DeliveryTag, id: r.d.MessageId, held: held})
 		}
 	}
@@ -65,6 +67,11 @@ func (s *Source) warnSlow(ss *session, now time.Time) {
 		}
 	}
 	ss.mu.Unlock()
+	if inFlight && !s.v.Plain {
+		// Held past the warning, they are no longer Valid: the engine
+		// hands back those waiting in place now, not when their waits end.
+		s.invalidated()
+	}
 	for _, d := range slow {
 		s.timeoutWarnings.Add(context.Background(), 1)
 		s.log.Warn("rabbitmq: delivery held close to the broker's consumer_timeout; at the timeout the broker closes the channel and redelivers every delivery on it",
