@@ -3,6 +3,7 @@ package adapters
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/ackwise/ackwise"
@@ -169,6 +170,30 @@ type Invalidator interface {
 	// quickly without waiting on the source. A later call replaces f; nil
 	// removes it. The engine sets it when Run starts.
 	OnInvalid(f func())
+}
+
+// InvalidHook implements Invalidator for a source that embeds it: the
+// source calls Invalidated when deliveries stopped being Valid. The zero
+// value is ready to use and safe for concurrent use.
+type InvalidHook struct {
+	f atomic.Pointer[func()]
+}
+
+// OnInvalid sets f (see Invalidator); nil removes it.
+func (h *InvalidHook) OnInvalid(f func()) {
+	if f == nil {
+		h.f.Store(nil)
+		return
+	}
+	h.f.Store(&f)
+}
+
+// Invalidated calls the function OnInvalid set, if any. Call it without
+// holding locks that function's Valid calls need.
+func (h *InvalidHook) Invalidated() {
+	if f := h.f.Load(); f != nil {
+		(*f)()
+	}
 }
 
 // BatchAcker is implemented by sources that ack a batch of messages for

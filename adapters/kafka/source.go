@@ -72,9 +72,9 @@ type Source struct {
 	closeMu  sync.Mutex
 	closeErr error
 
-	// onInvalid is the engine's, told when records stop being Valid
-	// (OnInvalid).
-	onInvalid atomic.Pointer[func()]
+	// invalid tells the engine when records stop being Valid: a
+	// revoke, a loss of partitions (adapters.Invalidator).
+	invalid adapters.InvalidHook
 
 	// Test hooks, nil outside tests: a rewind checked ownership and calls
 	// SetOffsets next; onRevoked was entered; a commit read its offsets and
@@ -308,7 +308,7 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	if len(waits) > 0 {
 		// Records waiting in the engine (a retry in place, a failed move)
 		// are handed back now, not when their waits end.
-		s.invalidated()
+		s.invalid.Invalidated()
 	}
 	if len(waits) > 0 && s.cfg.RevokeTimeout > 0 {
 		timer := time.NewTimer(s.cfg.RevokeTimeout)
@@ -371,7 +371,7 @@ func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int
 	s.mu.Unlock()
 	s.rewindMu.Unlock()
 	if len(ps) > 0 {
-		s.invalidated()
+		s.invalid.Invalidated()
 	}
 	s.log.Warn("kafka: partitions lost", "group", s.cfg.Group, "partitions", lost)
 }
@@ -1124,20 +1124,7 @@ func (s *Source) ExtendLease(context.Context, *ackwise.Message, time.Duration) e
 
 // OnInvalid sets f, called when a revoke or a loss of partitions makes
 // records in flight no longer Valid (adapters.Invalidator).
-func (s *Source) OnInvalid(f func()) {
-	if f == nil {
-		s.onInvalid.Store(nil)
-		return
-	}
-	s.onInvalid.Store(&f)
-}
-
-// invalidated calls the OnInvalid function, if any. Called without locks.
-func (s *Source) invalidated() {
-	if f := s.onInvalid.Load(); f != nil {
-		(*f)()
-	}
-}
+func (s *Source) OnInvalid(f func()) { s.invalid.OnInvalid(f) }
 
 // Valid reports whether msg's partition is still owned by this member and
 // not being revoked. It does not lock.

@@ -52,8 +52,10 @@ type Source struct {
 
 	timeoutWarnings metric.Int64Counter
 
-	// onInvalid is the engine's, told when a channel dies (OnInvalid).
-	onInvalid atomic.Pointer[func()]
+	// invalid tells the engine when deliveries stop being Valid: a
+	// channel died, deliveries in flight were held past
+	// ConsumerTimeoutWarn (adapters.Invalidator).
+	invalid adapters.InvalidHook
 }
 
 var (
@@ -275,7 +277,7 @@ func (ss *session) kill(err error) {
 		// Its deliveries waiting in the engine (a failed move, a retry in
 		// place) are handed back now, before the broker redelivers them
 		// to the next channel behind them.
-		ss.src.invalidated()
+		ss.src.invalid.Invalidated()
 	})
 }
 
@@ -751,20 +753,7 @@ func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.D
 // OnInvalid sets f, called when a consuming channel dies and its
 // deliveries stop being Valid, and when deliveries in flight are held past
 // ConsumerTimeoutWarn (adapters.Invalidator).
-func (s *Source) OnInvalid(f func()) {
-	if f == nil {
-		s.onInvalid.Store(nil)
-		return
-	}
-	s.onInvalid.Store(&f)
-}
-
-// invalidated calls the OnInvalid function, if any. Called without locks.
-func (s *Source) invalidated() {
-	if f := s.onInvalid.Load(); f != nil {
-		(*f)()
-	}
-}
+func (s *Source) OnInvalid(f func()) { s.invalid.OnInvalid(f) }
 
 // Valid reports whether msg is still this consumer's to handle: the
 // channel that delivered it is alive, no settle took it yet, and it has not

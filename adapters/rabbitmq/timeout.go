@@ -70,7 +70,7 @@ func (s *Source) warnSlow(ss *session, now time.Time) {
 	if inFlight && !s.v.Plain {
 		// Held past the warning, they are no longer Valid: the engine
 		// hands back those waiting in place now, not when their waits end.
-		s.invalidated()
+		s.invalid.Invalidated()
 	}
 	for _, d := range slow {
 		s.timeoutWarnings.Add(context.Background(), 1)
