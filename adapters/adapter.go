@@ -215,10 +215,22 @@ type BatchAcker interface {
 // Publish may be called concurrently.
 type Sink interface {
 	// Publish returns once the broker confirmed every message (publisher
-	// confirms, acks=all, a SendMessage response). On error some messages
-	// may have been published; publishing the batch again is safe for
-	// consumers that deduplicate on the stable event ID, which Publish sets
-	// from Message.ID (header ackwise-event-id).
+	// confirms, acks=all, a SendMessage response) or refused some.
+	//
+	// Once it handed messages to the broker, Publish reports per message: it
+	// returns a *[PublishError] listing each message that was not confirmed
+	// with its own error (a record too large, a nack, a basic.return), and a
+	// message not listed was confirmed. A message whose fate it cannot know
+	// (ctx ended before its confirm came, the connection was lost) is listed
+	// with that error: it may still be published. Any other error (a closed
+	// sink, ctx done before anything was sent, a broker outage) stands for
+	// every message, as a PublishError listing them all with it would; some
+	// of them may then have been published too.
+	//
+	// Publishing a failed message again is safe for consumers that
+	// deduplicate on the stable event ID, which Publish sets from Message.ID
+	// (header ackwise-event-id); [PublishFailures] tells which to publish
+	// again whatever error Publish returned.
 	Publish(ctx context.Context, msgs ...*ackwise.Message) error
 
 	// Close flushes and waits for outstanding confirmations.
