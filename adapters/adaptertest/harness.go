@@ -50,4 +50,11 @@ type Fixture struct {
 	// DeadLetters returns the dead letters on the destination's dead-letter
 	// destination so far, in the order the broker holds them.
 	DeadLetters func(ctx context.Context, t testing.TB) []*ackwise.Message
+	// Refuse, when set, makes the broker refuse msg for good (a message over
+	// the broker's size limit, say) while it takes the other messages of the
+	// same Publish call: it changes msg (its payload, headers) or the
+	// destination, and registers any cleanup with t.Cleanup. Nil when the
+	// adapter cannot make its broker refuse one message alone; the case
+	// that needs it then logs so.
+	Refuse func(t testing.TB, msg *ackwise.Message)
 }

@@ -40,6 +40,7 @@ func Run(t *testing.T, h Harness) {
 	}{
 		{"PublishReceive", testPublishReceive},
 		{"SinkDropsHopHeaders", testSinkDropsHopHeaders},
+		{"PublishReportsPerMessage", testPublishPerMessage},
 		{"CrashBeforeAckRedelivers", testCrashBeforeAck},
 		{"RedeliveryDelayHonoured", testRedeliveryDelay},
 		{"AttemptCountIncrements", testAttempts},
@@ -283,6 +284,41 @@ func testSinkDropsHopHeaders(t *testing.T, h Harness) {
 	if got.Headers.Get("x-kept") != "yes" {
 		t.Errorf("header x-kept = %q, want the other headers kept", got.Headers.Get("x-kept"))
 	}
+}
+
+// testPublishPerMessage: when the broker refuses the last message of a
+// Publish call, Publish returns an *adapters.PublishError that lists it
+// alone; the others are confirmed, and delivered, and the refused one is
+// never delivered.
+func testPublishPerMessage(t *testing.T, h Harness) {
+	f := h.Open(t, FixtureConfig{})
+	if f.Refuse == nil {
+		t.Log("the harness cannot make the broker refuse one message alone (Fixture.Refuse nil): per-message publish errors not checked")
+		return
+	}
+	in := batch(3, 1)
+	bad := len(in) - 1
+	f.Refuse(t, in[bad])
+	ctx, cancel := context.WithTimeout(context.Background(), Timeout)
+	defer cancel()
+	err := f.Sink.Publish(ctx, in...)
+	pe, ok := errors.AsType[*adapters.PublishError](err)
+	if !ok || len(pe.Failed) != 1 || pe.Failed[0].Index != bad {
+		t.Fatalf("Publish = %v, want an *adapters.PublishError listing msgs[%d] alone", err, bad)
+	}
+	src := f.NewSource(t)
+	want := map[string]bool{in[0].ID: true, in[1].ID: true}
+	for len(want) > 0 {
+		m := receiveOne(t, src)
+		if !want[m.ID] {
+			t.Fatalf("received %s, want one of the confirmed %v", m.ID, want)
+		}
+		delete(want, m.ID)
+		if err := src.Ack(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	requireNothingMore(ctx, t, src, time.Second, "after the confirmed messages: the refused one was stored")
 }
 
 func testCrashBeforeAck(t *testing.T, h Harness) {

@@ -49,6 +49,7 @@ func TestConformance(t *testing.T) {
 			DeadLetters: func(ctx context.Context, t testing.TB) []*ackwise.Message {
 				return kafka.ReadTopicForTest(ctx, t, brokers, topic+kafka.DefaultDeadLetterSuffix)
 			},
+			Refuse: refuseTooLarge,
 		}
 	}})
 }
@@ -100,6 +101,15 @@ func TestConformanceShareGroup(t *testing.T) {
 			DeadLetters: func(ctx context.Context, t testing.TB) []*ackwise.Message {
 				return kafka.ReadTopicForTest(ctx, t, brokers, topic+kafka.DefaultDeadLetterSuffix)
 			},
+			Refuse: refuseTooLarge,
 		}
 	}})
+}
+
+// refuseTooLarge makes msg larger than a record batch may be (franz-go's
+// ProducerBatchMaxBytes, 1MB by default, below kfake's max.message.bytes),
+// so that it fails alone, as MESSAGE_TOO_LARGE. A record the broker refuses
+// fails its whole partition batch: see TestSinkReportsRecordTooLarge.
+func refuseTooLarge(_ testing.TB, msg *ackwise.Message) {
+	msg.Payload = make([]byte, 1<<20)
 }

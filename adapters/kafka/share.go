@@ -698,7 +698,7 @@ func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 		return s.settle(msg, kgo.AckRelease)
 	}
 	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
-	if err := produceConfirmed(ctx, s.cl, []*kgo.Record{rec}, nil); err != nil {
+	if err := produceOne(ctx, s.cl, rec); err != nil {
 		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
 	}
 	return s.settle(msg, kgo.AckAccept)

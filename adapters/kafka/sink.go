@@ -78,14 +78,21 @@ func weakerProduce(cl *kgo.Client) error {
 func (s *Sink) Client() *kgo.Client { return s.cl }
 
 // Publish produces msgs and returns once the broker acknowledged (acks=all)
-// or refused each: nil when it acknowledged all, else the errors of the
-// failed records joined (the first ten; the others may have been produced),
-// or ctx's error if it ended first. Header ackwise-event-id is set from
-// Message.ID, replacing any the message carries; a message without an ID
-// keeps the one it has. The engine's hop headers ackwise-attempt and
+// or refused each: nil when it acknowledged all, else an
+// *adapters.PublishError listing each record that failed with its error (a
+// record the broker refuses for good, such as one over the topic's
+// max.message.bytes, marked ackwise.Permanent) and each record still
+// unconfirmed when ctx ended, with ctx's error (it may still be written).
+// After Close it returns adapters.ErrClosed. Header ackwise-event-id is set
+// from Message.ID, replacing any the message carries; a message without an
+// ID keeps the one it has. The engine's hop headers ackwise-attempt and
 // ackwise-first-failure are not published (a handler that forwards the
 // headers of a retry must not make the new record start at that retry's
 // attempt); the other headers go out as they are.
+//
+// Kafka refuses a batch of records of one partition as a whole: a record
+// too large for the broker fails the records that franz-go batched with it
+// (same partition, same moment) with the same error.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if len(msgs) == 0 {
 		if s.isClosed() {
@@ -115,7 +122,7 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if s.isClosed() {
 		return adapters.ErrClosed
 	}
-	return produceConfirmed(ctx, s.cl, recs, func(err error) error { return produceError(s.cfg.Topic, err) })
+	return adapters.NewPublishError(produceConfirmed(ctx, s.cl, recs, func(err error) error { return produceError(s.cfg.Topic, err) }))
 }
 
 func (s *Sink) isClosed() bool {
@@ -125,47 +132,58 @@ func (s *Sink) isClosed() bool {
 }
 
 // produceConfirmed produces recs and waits for the broker to confirm them
-// all, returning their errors (up to 10), or ctx's error when ctx ends
-// first; wrap, when not nil, is applied to each. Not ProduceSync: with idempotent
-// writes franz-go keeps retrying a record it may have sent, past ctx, for as
-// long as the broker is unreachable. The records may still be written after
-// ctx ended (a duplicate, if the caller produces them again).
-func produceConfirmed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, wrap func(error) error) error {
+// all, or for ctx to end. It returns each record's outcome: nil once
+// confirmed, its error, or ctx's for a record still unconfirmed when ctx
+// ended; wrap, when not nil, is applied to each error. Not ProduceSync: with
+// idempotent writes franz-go keeps retrying a record it may have sent, past
+// ctx, for as long as the broker is unreachable. The records may still be
+// written after ctx ended (a duplicate, if the caller produces them again).
+func produceConfirmed(ctx context.Context, cl *kgo.Client, recs []*kgo.Record, wrap func(error) error) []error {
 	var (
 		mu   sync.Mutex
-		errs []error
+		errs = make([]error, len(recs))
+		done = make([]bool, len(recs))
 		wg   sync.WaitGroup
 	)
+	if wrap == nil {
+		wrap = func(err error) error { return err }
+	}
 	wg.Add(len(recs))
-	for _, r := range recs {
+	for i, r := range recs {
 		cl.Produce(ctx, r, func(_ *kgo.Record, err error) {
 			if err != nil {
-				if wrap != nil {
-					err = wrap(err)
-				}
-				mu.Lock()
-				if len(errs) < 10 {
-					errs = append(errs, err)
-				}
-				mu.Unlock()
+				err = wrap(err)
 			}
+			mu.Lock()
+			errs[i], done[i] = err, true
+			mu.Unlock()
 			wg.Done()
 		})
 	}
-	done := make(chan struct{})
-	go func() { wg.Wait(); close(done) }()
+	all := make(chan struct{})
+	go func() { wg.Wait(); close(all) }()
 	select {
-	case <-done:
+	case <-all:
+		return errs
 	case <-ctx.Done():
-		err := fmt.Errorf("not confirmed: %w", ctx.Err())
-		if wrap != nil {
-			err = wrap(err)
-		}
-		return err
 	}
+	unconfirmed := wrap(fmt.Errorf("not confirmed: %w", ctx.Err()))
 	mu.Lock()
 	defer mu.Unlock()
-	return errors.Join(errs...)
+	out := make([]error, len(recs)) // errs is still written by late promises
+	for i := range out {
+		out[i] = errs[i]
+		if !done[i] {
+			out[i] = unconfirmed
+		}
+	}
+	return out
+}
+
+// produceOne produces rec and waits for the broker to confirm it, as
+// produceConfirmed does.
+func produceOne(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
+	return produceConfirmed(ctx, cl, []*kgo.Record{rec}, nil)[0]
 }
 
 // recordHeaders converts m's headers for a record a user publishes (Sink,

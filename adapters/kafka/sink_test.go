@@ -2,12 +2,15 @@ package kafka
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
@@ -111,4 +114,76 @@ func TestOpenByURL(t *testing.T) {
 	if _, err := adapters.OpenSource(ctx, base); err == nil {
 		t.Fatal("source without group opened")
 	}
+}
+
+// TestSinkReportsRecordTooLarge: the broker refuses a record over the
+// topic's max.message.bytes (MESSAGE_TOO_LARGE); Publish lists that record
+// alone, with a permanent error, and the others of the call are confirmed
+// and stored. The refused record is on a partition of its own: Kafka
+// refuses a partition's batch as a whole, so a small record batched with it
+// would fail with it.
+func TestSinkReportsRecordTooLarge(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 2)
+	sink := openSink(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const limit = 1024
+	set := []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: kadm.StringPtr(strconv.Itoa(limit))}}
+	resp, err := kadm.NewClient(sink.Client()).AlterTopicConfigs(ctx, set, cfg.Topic)
+	if err == nil {
+		err = resp[0].Err
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	small, big := keysOnTwoPartitions(t, cfg.Topic)
+	msgs := []*ackwise.Message{
+		{ID: "ok-0", Key: small, Payload: []byte("a")},
+		{ID: "big", Key: big, Payload: incompressible(4 * limit)},
+		{ID: "ok-2", Key: small, Payload: []byte("b")},
+	}
+	err = sink.Publish(ctx, msgs...)
+	pe, ok := errors.AsType[*adapters.PublishError](err)
+	if !ok || len(pe.Failed) != 1 || pe.Failed[0].Index != 1 {
+		t.Fatalf("Publish = %v, want an adapters.PublishError listing msgs[1] alone", err)
+	}
+	if f := pe.Failed[0].Err; !errors.Is(f, kerr.MessageTooLarge) || ackwise.ClassOf(f) != ackwise.ClassPermanent {
+		t.Fatalf("msgs[1]: %v (class %v), want a permanent MESSAGE_TOO_LARGE", f, ackwise.ClassOf(f))
+	}
+	if ackwise.ClassOf(err) != ackwise.ClassPermanent {
+		t.Errorf("Publish error class %v, want permanent (the class of its part)", ackwise.ClassOf(err))
+	}
+	var got []string
+	for _, r := range readAll(ctx, t, brokers, cfg.Topic) {
+		got = append(got, recordMessage(r).ID)
+	}
+	if g := strings.Join(got, ","); g != "ok-0,ok-2" {
+		t.Fatalf("stored %s, want ok-0,ok-2", g)
+	}
+}
+
+// keysOnTwoPartitions returns two keys the sink puts on different
+// partitions of a two-partition topic.
+func keysOnTwoPartitions(t *testing.T, topic string) (a, b string) {
+	t.Helper()
+	p := kgo.StickyKeyPartitioner(nil).ForTopic(topic)
+	part := func(k string) int { return p.Partition(&kgo.Record{Key: []byte(k)}, 2) }
+	a = "k0"
+	for i := 1; i < 100; i++ {
+		if b = "k" + strconv.Itoa(i); part(b) != part(a) {
+			return a, b
+		}
+	}
+	t.Fatal("no two keys on different partitions")
+	return
+}
+
+// incompressible returns n random bytes: the producer compresses batches,
+// and n zeros would fit in a few.
+func incompressible(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
 }

@@ -1187,7 +1187,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if _, ok := msg.Headers.Lookup(ackwise.HeaderEventID); !ok && msg.ID != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(msg.ID)})
 	}
-	if err := produceConfirmed(ctx, s.cl, []*kgo.Record{rec}, nil); err != nil {
+	if err := produceOne(ctx, s.cl, rec); err != nil {
 		return fmt.Errorf("kafka: %s: move to retry topic %s: %w", msg.BrokerID, rec.Topic, err)
 	}
 	return s.settle(msg, stSettled)
@@ -1201,7 +1201,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 		return err
 	}
 	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
-	if err := produceConfirmed(ctx, s.cl, []*kgo.Record{rec}, nil); err != nil {
+	if err := produceOne(ctx, s.cl, rec); err != nil {
 		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
 	}
 	return s.settle(msg, stSettled)

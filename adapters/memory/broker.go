@@ -541,22 +541,25 @@ func (b *Broker) Publish(ctx context.Context, name string, msgs ...*ackwise.Mess
 }
 
 // publishInto stores msgs into d, applying outage and publish faults. It is
-// the one write path of sinks and dead-lettering.
-func (b *Broker) publishInto(ctx context.Context, d destination, msgs []*ackwise.Message) error {
+// the one write path of sinks and dead-lettering. On error, at is the index
+// of the message it failed (an injected publish fault; the messages before
+// it are stored, and it too with AfterStore), or -1 when it failed before
+// storing any (ctx done, an outage, a deleted destination).
+func (b *Broker) publishInto(ctx context.Context, d destination, msgs []*ackwise.Message) (at int, err error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return -1, err
 	}
 	base := d.base()
 	now := b.clock.Now()
 	if err := base.unavailable(now); err != nil {
-		return err
+		return -1, err
 	}
 	base.mu.Lock()
 	if base.deleted {
 		base.mu.Unlock()
-		return fmt.Errorf("%w: %q was deleted", ErrNotFound, base.name)
+		return -1, fmt.Errorf("%w: %q was deleted", ErrNotFound, base.name)
 	}
-	for _, m := range msgs {
+	for i, m := range msgs {
 		if len(base.faults) > 0 {
 			if x := fire(m, [2][]*InjectedFault{base.faults}, FaultFailPublish, FaultHangPublish); x != nil {
 				if x.f.AfterStore {
@@ -567,16 +570,16 @@ func (b *Broker) publishInto(ctx context.Context, d destination, msgs []*ackwise
 				base.mu.Unlock()
 				if x.f.Kind == FaultHangPublish {
 					<-ctx.Done()
-					return fmt.Errorf("memory: publish to %q hung (injected): %w", base.name, ctx.Err())
+					return i, fmt.Errorf("memory: publish to %q hung (injected): %w", base.name, ctx.Err())
 				}
-				return fmt.Errorf("memory: publish to %q: %w", base.name, x.err())
+				return i, fmt.Errorf("memory: publish to %q: %w", base.name, x.err())
 			}
 		}
 		d.storeLocked(m, now)
 	}
 	d.wakeLocked()
 	base.mu.Unlock()
-	return nil
+	return -1, nil
 }
 
 func adaptersEventID(m *ackwise.Message) string {

@@ -67,7 +67,8 @@ const (
 	// FaultFailPublish (publish): Publish fails with Fault.Err (default
 	// ErrInjected) at the matching message; the messages before it in the
 	// batch are stored, and the matching one too when AfterStore is set (a
-	// lost confirmation).
+	// lost confirmation). Sink.Publish reports it per message (see
+	// adapters.PublishError).
 	FaultFailPublish
 	// FaultHangPublish (publish): Publish blocks at the matching message
 	// until ctx is done and returns ctx's error, as a broker that stopped

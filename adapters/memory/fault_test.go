@@ -326,8 +326,10 @@ func TestFaultFailPublish(t *testing.T) {
 	}
 	memorytest.Inject(t, tb.b, "q", memory.Fault{Kind: memory.FaultFailPublish, Count: 1, Match: func(m *ackwise.Message) bool { return m.ID == "b" }})
 	err := tb.b.Publish(tb.ctx, "q", msg("a", ""), msg("b", ""), msg("c", ""))
-	if !errors.Is(err, memory.ErrInjected) {
-		t.Fatalf("Publish = %v", err)
+	// b fails with the fault, c after it is not attempted; a is confirmed.
+	pe, ok := errors.AsType[*adapters.PublishError](err)
+	if !ok || len(pe.Failed) != 2 || pe.Failed[0].Index != 1 || !errors.Is(pe.Failed[0].Err, memory.ErrInjected) || pe.Failed[1].Index != 2 || errors.Is(pe.Failed[1].Err, memory.ErrInjected) {
+		t.Fatalf("Publish = %v, want an adapters.PublishError listing b (injected) and c (not attempted)", err)
 	}
 	msgs, _ := tb.b.Messages("q")
 	if g := fmt.Sprint(ids(msgs)); g != "[a]" {

@@ -913,7 +913,7 @@ func (b *Broker) deadLetterTo(ctx context.Context, name string, msg *ackwise.Mes
 		return err
 	}
 	m := ackwise.Message{ID: msg.ID, Key: msg.Key, Payload: msg.Payload, Headers: env.Apply(msg.Headers)}
-	if err := b.publishInto(ctx, dl, []*ackwise.Message{&m}); err != nil {
+	if _, err := b.publishInto(ctx, dl, []*ackwise.Message{&m}); err != nil {
 		return fmt.Errorf("memory: dead-lettering %s into %q: %w", msg.BrokerID, name, err)
 	}
 	return nil

@@ -35,9 +35,11 @@ func (s *Sink) Name() string { return s.d.base().name }
 // Publish stores msgs in order. On a topic each message goes to the
 // partition of its key. It fails with adapters.ErrClosed after Close,
 // ErrNotFound once the destination was deleted, ErrUnavailable during an
-// outage, ctx's error when ctx is done, and as an injected publish fault
-// says; on an injected failure the messages before the failing one are
-// stored.
+// outage and ctx's error when ctx is done, storing none of msgs. An
+// injected publish fault stops it at the matching message: the messages
+// before it are stored, and Publish returns an *adapters.PublishError that
+// lists the matching message with the fault's error (stored all the same
+// with AfterStore) and each later one as not attempted.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if s.closed.Load() {
 		return adapters.ErrClosed
@@ -47,7 +49,16 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 			return fmt.Errorf("memory: Publish: msgs[%d] is nil", i)
 		}
 	}
-	return s.b.publishInto(ctx, s.d, withoutHopHeaders(msgs))
+	at, err := s.b.publishInto(ctx, s.d, withoutHopHeaders(msgs))
+	if at < 0 {
+		return err
+	}
+	errs := make([]error, len(msgs))
+	errs[at] = err
+	for i := at + 1; i < len(msgs); i++ {
+		errs[i] = fmt.Errorf("memory: publish to %q: msgs[%d] not attempted: msgs[%d] failed first", s.Name(), i, at)
+	}
+	return adapters.NewPublishError(errs)
 }
 
 // withoutHopHeaders returns msgs, with copies in place of the messages that

@@ -260,51 +260,55 @@ func (p *publisher) session(ctx context.Context, void <-chan struct{}) (*pubSess
 	}
 }
 
-// publish publishes msgs and returns once the broker confirmed all of them.
-// Messages whose channel died before their confirm came are sent again on
-// the next channel (they may then be stored twice). Unroutable and refused
-// messages are errors. abort, when not nil, is asked before each attempt
-// and stops the publish with its error; void (nil: never), once closed,
-// ends any wait for a channel, and abort is asked again (a move whose
-// delivery's channel died stops waiting for the broker to come back).
-func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() error, void <-chan struct{}) error {
+// publish publishes msgs and returns once the broker confirmed all of them,
+// with each message's outcome: nil once confirmed, else why not. Messages
+// whose channel died before their confirm came are sent again on the next
+// channel (they may then be stored twice). Unroutable and refused messages
+// are errors. abort, when not nil, is asked before each attempt and stops
+// the publish of the messages not yet confirmed with its error; void (nil:
+// never), once closed, ends any wait for a channel, and abort is asked
+// again (a move whose delivery's channel died stops waiting for the broker
+// to come back).
+func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() error, void <-chan struct{}) []error {
+	res := make([]error, len(msgs))
 	todo := make([]int, len(msgs))
 	for i := range todo {
 		todo[i] = i
 	}
+	// fail ends the publish of the messages not yet settled with err.
+	fail := func(err error) []error {
+		for _, k := range todo {
+			res[k] = err
+		}
+		return res
+	}
 	for {
 		s, err := p.nextAttempt(ctx, abort, void)
 		if err != nil {
-			return err
+			return fail(err)
 		}
-		res, err := s.publishBatch(ctx, msgs, todo)
+		out, err := s.publishBatch(ctx, msgs, todo)
 		if err != nil {
-			return err
+			return fail(err)
 		}
 		var retry []int
-		var errs []error
-		for i, e := range res {
-			switch {
-			case e == nil:
-			case errors.Is(e, errConnLost):
+		for i, e := range out {
+			if errors.Is(e, errConnLost) {
 				retry = append(retry, todo[i])
-			default:
-				errs = append(errs, e)
+			} else {
+				res[todo[i]] = e
 			}
 		}
-		if len(errs) > 0 {
-			return errors.Join(errs...)
-		}
 		if len(retry) == 0 {
-			return nil
+			return res
 		}
 		todo = retry
 		select {
 		case <-s.dead:
 		case <-void:
-			return voided(abort)
+			return fail(voided(abort))
 		case <-ctx.Done():
-			return fmt.Errorf("rabbitmq: %d of %d messages unconfirmed: %w", len(todo), len(msgs), ctx.Err())
+			return fail(fmt.Errorf("rabbitmq: unconfirmed: %w", ctx.Err()))
 		}
 		// A soft (channel-level) error is the broker refusing one of the
 		// messages published on the channel, such as one to a missing
@@ -315,26 +319,29 @@ func (p *publisher) publish(ctx context.Context, msgs []outgoing, abort func() e
 		// caused it.
 		var ae *amqp.Error
 		if errors.As(s.err, &ae) && ae.Recover {
-			return p.publishEachAlone(ctx, msgs, todo, abort, void)
+			p.publishEachAlone(ctx, msgs, todo, abort, void, res)
+			return res
 		}
 	}
 }
 
 // publishEachAlone publishes msgs[todo...] one at a time, each alone on a
-// channel of its own, and returns the refusals.
-func (p *publisher) publishEachAlone(ctx context.Context, msgs []outgoing, todo []int, abort func() error, void <-chan struct{}) error {
-	var errs []error
-	for _, k := range todo {
+// channel of its own, and sets their outcomes in res. ctx's end, Close,
+// void and an invalid receipt end the ones not yet published with that
+// error.
+func (p *publisher) publishEachAlone(ctx context.Context, msgs []outgoing, todo []int, abort func() error, void <-chan struct{}, res []error) {
+	for i, k := range todo {
 		err := p.publishAlone(ctx, &msgs[k], abort, void)
+		res[k] = err
 		switch {
 		case err == nil:
 		case ctx.Err() != nil, errors.Is(err, adapters.ErrClosed), errors.Is(err, errVoid), errors.Is(err, adapters.ErrReceiptInvalid):
-			return err
-		default:
-			errs = append(errs, err)
+			for _, rest := range todo[i+1:] {
+				res[rest] = err
+			}
+			return
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // nextAttempt starts an attempt of a publish: abort says whether it may

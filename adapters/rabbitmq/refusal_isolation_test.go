@@ -24,24 +24,7 @@ func TestChannelRefusalFailsOnlyTheCulprit(t *testing.T) {
 	c := needBroker(t)
 	cfg := testConfig(t, Classic)
 	declare(t, cfg)
-	if err := withChannel(c, func(ch *amqp.Channel) error {
-		return ch.QueueBind(cfg.Queue, "good", "amq.topic", false, nil)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	user := "ackwise-test-" + randSuffix()
-	rabbitmqctl(t, "add_user", user, "pw")
-	t.Cleanup(func() { rabbitmqctl(t, "delete_user", user) })
-	rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
-	rabbitmqctl(t, "set_topic_permissions", "-p", "/", user, "amq.topic", "^good$", ".*")
-	u, err := url.Parse(cfg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword(user, "pw")
-	// No routing key of its own: each message goes with its Key.
-	sink := newSink(t, SinkConfig{URL: u.String(), Exchange: "amq.topic", ConnectionName: cfg.ConnectionName})
-
+	sink := goodOnlySink(t, c, cfg)
 	const rounds, good = 5, 8
 	want := map[string]bool{}
 	for r := range rounds {
@@ -87,4 +70,28 @@ func TestChannelRefusalFailsOnlyTheCulprit(t *testing.T) {
 	if len(want) > 0 {
 		t.Fatalf("%d confirmed messages missing from the queue: %v", len(want), want)
 	}
+}
+
+// goodOnlySink returns a sink on amq.topic, whose messages go with their
+// Key, for a user whose topic permissions allow routing key "good" alone:
+// the broker refuses any other by closing the channel (403). cfg's queue
+// is bound to "good".
+func goodOnlySink(t *testing.T, c *amqp.Connection, cfg Config) *Sink {
+	t.Helper()
+	if err := withChannel(c, func(ch *amqp.Channel) error {
+		return ch.QueueBind(cfg.Queue, "good", "amq.topic", false, nil)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	user := "ackwise-test-" + randSuffix()
+	rabbitmqctl(t, "add_user", user, "pw")
+	t.Cleanup(func() { rabbitmqctl(t, "delete_user", user) })
+	rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
+	rabbitmqctl(t, "set_topic_permissions", "-p", "/", user, "amq.topic", "^good$", ".*")
+	u, err := url.Parse(cfg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, "pw")
+	return newSink(t, SinkConfig{URL: u.String(), Exchange: "amq.topic", ConnectionName: cfg.ConnectionName})
 }

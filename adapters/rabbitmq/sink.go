@@ -79,13 +79,15 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 // Headers CC and BCC are sent as RabbitMQ's sender-selected distribution:
 // each such header is one more routing key (see the package doc).
 //
-// A message no queue takes (basic.return) fails with an error wrapping
-// ErrUnroutable; one the broker refuses with an error wrapping ErrNacked.
-// A publish the broker refuses by closing the channel (a missing exchange,
-// access refused, a message over the broker's size limit) fails with an
-// error marked ackwise.Permanent, which carries the *amqp.Error; the other
-// failures are transient.
-// On error some messages may have been published.
+// Publish reports per message, with an *adapters.PublishError: a message no
+// queue takes (basic.return) fails with an error wrapping ErrUnroutable;
+// one the broker refuses with an error wrapping ErrNacked. A message the
+// broker refuses by closing the channel (a missing exchange, access
+// refused, a message over the broker's size limit) is found by sending the
+// unconfirmed messages again one by one, and fails with an error marked
+// ackwise.Permanent, which carries the *amqp.Error; the other failures are
+// transient. A message still unconfirmed when ctx ends, or the sink is
+// closed, is listed with that error and may still be published.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if len(msgs) == 0 {
 		return nil
@@ -133,14 +135,18 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		pub.Headers = h
 		out[i] = outgoing{exchange: s.exchange, key: key, pub: pub}
 	}
-	if err := s.p.publish(ctx, out, nil, nil); err != nil {
-		err = fmt.Errorf("rabbitmq: publish %d message(s) to exchange %q: %w", len(msgs), s.exchange, err)
-		if refusedOnChannel(err) {
-			return ackwise.Permanent(err)
+	errs := s.p.publish(ctx, out, nil, nil)
+	for i, err := range errs {
+		if err == nil {
+			continue
 		}
-		return err
+		err = fmt.Errorf("rabbitmq: publish to exchange %q: %w", s.exchange, err)
+		if refusedOnChannel(err) {
+			err = ackwise.Permanent(err)
+		}
+		errs[i] = err
 	}
-	return nil
+	return adapters.NewPublishError(errs)
 }
 
 // keepNested adds to t the table and array headers of orig (the dead

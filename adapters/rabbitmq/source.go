@@ -596,7 +596,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		return err
 	}
 	defer s.endMove()
-	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack"), r.s.dead); err != nil {
+	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack"), r.s.dead)[0]; err != nil {
 		return fmt.Errorf("rabbitmq: nack: move to wait queue %q: %w", queue, err)
 	}
 	if err := r.settleOnce("nack"); err != nil {
@@ -720,7 +720,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 		return err
 	}
 	defer s.endMove()
-	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "dead-letter"), r.s.dead); err != nil {
+	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "dead-letter"), r.s.dead)[0]; err != nil {
 		return fmt.Errorf("rabbitmq: dead-letter to %q: %w", s.v.DeadLetterQueue, err)
 	}
 	if err := r.settleOnce("dead-letter"); err != nil {

@@ -84,5 +84,9 @@ func fixture(t testing.TB, b *memory.Broker, name string, open func(testing.TB) 
 			}
 			return msgs
 		},
+		Refuse: func(t testing.TB, msg *ackwise.Message) {
+			id := msg.ID
+			Inject(t, b, name, memory.Fault{Kind: memory.FaultFailPublish, Err: ackwise.Permanent(errors.New("memorytest: refused")), Match: func(m *ackwise.Message) bool { return m.ID == id }})
+		},
 	}
 }
