@@ -6,10 +6,12 @@
 // indexes compact) before the first attempt, so that a publish retried after
 // a lost confirmation carries the same ID and the consumer's inbox absorbs the
 // copy. It returns only after the broker confirmed every message, retrying
-// transient failures with the retry policy's backoff. A failure marked
-// ackwise.Permanent is not retried; one marked ackwise.RetryAfter waits at
-// least the delay it asks for, or is returned at once when that delay is
-// longer than the policy's MaxInterval.
+// transient failures with the retry policy's backoff. When the sink reports
+// which messages failed (adapters.PublishError), only those are retried,
+// and the error lists, by the caller's indexes, only the messages that
+// failed in the end. A failure marked ackwise.Permanent is not retried; one
+// marked ackwise.RetryAfter waits at least the delay it asks for, or is
+// returned at once when that delay is longer than the policy's MaxInterval.
 //
 // InjectTrace writes the W3C trace context of the current span into a
 // message's headers; Publish does it for every message that has no

@@ -85,13 +85,20 @@ func NewEventID() string {
 // (InjectTrace) unless it has one. Messages without an ID (msg.ID or the
 // ackwise-event-id header) get one first (Publish sets msg.ID), so every retry
 // — this call's own, or the caller's after an error — carries the same ID.
-// A failure marked ackwise.Permanent, a closed sink or a done ctx ends the
-// retries at once. A failure marked ackwise.RetryAfter(err, d) makes the
+// When the sink reports which messages failed (adapters.PublishError), only
+// those are tried again, and the error Publish returns wraps an
+// adapters.PublishError whose indexes are into msgs and list only the
+// messages that failed in the end; the others were confirmed. A failure
+// marked ackwise.Permanent or a closed sink ends the retries of its
+// message (of every message, for an error that stands for the whole
+// batch) at once, while the other failed messages are retried; a done ctx
+// ends them all. A failure marked ackwise.RetryAfter(err, d) makes the
 // next try wait at least d; when d is longer than the policy's MaxInterval,
 // Publish returns the error at once instead of blocking that long (the
-// caller reads d back with ackwise.RetryAfterOf). On error some messages may
-// have been published; publishing them again is safe because their IDs are
-// stable.
+// caller reads d back with ackwise.RetryAfterOf). A listed message may
+// still have been published (its confirm was lost); publishing it again is
+// safe because its ID is stable. adapters.PublishFailures tells which to
+// publish again.
 func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	for i, m := range msgs {
 		if m == nil {
@@ -109,24 +116,52 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 	wait := &atLeast{BackOff: p.retry.BackOff()}
 	b := backoff.WithContext(backoff.WithMaxRetries(wait, uint64(p.retry.MaxAttempts-1)), ctx)
 	attempt := 0
-	var last error // the broker's: backoff returns only ctx's when ctx ends in a wait
+	todo := make([]int, len(msgs)) // indexes into msgs of the messages to publish next
+	for i := range todo {
+		todo[i] = i
+	}
+	errs := make([]error, len(msgs)) // each message's last error; nil once confirmed
+	batch := make([]*ackwise.Message, 0, len(msgs))
+	partial := false // the sink reported per message (adapters.PublishError)
+	var last error   // the broker's: backoff returns only ctx's when ctx ends in a wait
 	err := backoff.Retry(func() error {
 		attempt++
-		err := p.sink.Publish(ctx, msgs...)
-		last = err
-		switch {
-		case err == nil:
-			return nil
-		case ctx.Err() != nil, errors.Is(err, adapters.ErrClosed), ackwise.ClassOf(err) == ackwise.ClassPermanent:
-			return backoff.Permanent(err)
+		batch = batch[:0]
+		for _, k := range todo {
+			batch = append(batch, msgs[k])
+			errs[k] = nil
 		}
-		if d, ok := ackwise.RetryAfterOf(err); ok {
-			if d > p.retry.MaxInterval {
-				return backoff.Permanent(err) // not worth blocking the caller
+		err := p.sink.Publish(ctx, batch...)
+		if _, ok := errors.AsType[*adapters.PublishError](err); ok {
+			partial = true
+		}
+		stop := ctx.Err() != nil
+		again := todo[:0:0]
+		for _, f := range adapters.PublishFailures(err, len(batch)) {
+			k := todo[f.Index]
+			errs[k] = f.Err
+			if errors.Is(f.Err, adapters.ErrClosed) || ackwise.ClassOf(f.Err) == ackwise.ClassPermanent {
+				continue // not worth another try
 			}
-			wait.min = d
+			if d, ok := ackwise.RetryAfterOf(f.Err); ok {
+				if d > p.retry.MaxInterval {
+					stop = true // not worth blocking the caller
+				}
+				wait.min = max(wait.min, d)
+			}
+			again = append(again, k)
 		}
-		return err
+		todo = again
+		// A sink that never reported per message failed each whole
+		// batch: its error is the result, as it was.
+		last = err
+		if partial {
+			last = adapters.NewPublishError(errs)
+		}
+		if last != nil && (stop || len(todo) == 0) {
+			return backoff.Permanent(last)
+		}
+		return last
 	}, b)
 	if err != nil && last != nil && !errors.Is(err, last) {
 		err = errors.Join(err, last)
