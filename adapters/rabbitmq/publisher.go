@@ -512,6 +512,9 @@ type pendingPub struct {
 	i                    int
 	msgID, exchange, key string
 	ret                  error
+	// dc is the message's deferred confirmation, set once its publish
+	// returned: the true ack or nack (see onConfirm).
+	dc atomic.Pointer[amqp.DeferredConfirmation]
 }
 
 // batch collects the outcome of one publishBatch call.
@@ -560,7 +563,10 @@ func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []in
 	}
 	for i, k := range idx {
 		m := &msgs[k]
-		if err := s.ch.Publish(m.exchange, m.key, true, false, m.pub); err != nil {
+		dc, err := s.ch.PublishWithDeferredConfirm(m.exchange, m.key, true, false, m.pub)
+		if err == nil {
+			entries[i].dc.Store(dc)
+		} else {
 			if s.ch.IsClosed() || errors.Is(err, amqp.ErrClosed) {
 				err = errConnLost
 			} else {
@@ -671,11 +677,26 @@ func (s *pubSession) onConfirm(c amqp.Confirmation) {
 	if !ok {
 		return
 	}
+	// RabbitMQ may nack a message at once and ack the ones around it later
+	// with one multiple ack that spans it; amqp091-go's NotifyPublish then
+	// hands over an ack for the nacked message as well (its resequencing
+	// overwrites the nack it held back). Its deferred confirmation keeps
+	// the nack, and is resolved before any confirmation of its tag is
+	// handed over. Nil only while the publish call has not returned, when
+	// no later message (whose multiple ack could span it) was published.
+	ack := c.Ack
+	if dc := e.dc.Load(); dc != nil {
+		select {
+		case <-dc.Done():
+			ack = dc.Acked()
+		default:
+		}
+	}
 	var err error
 	switch {
 	case e.ret != nil:
 		err = e.ret
-	case !c.Ack:
+	case !ack:
 		err = fmt.Errorf("%w (basic.nack): exchange %q routing key %q", ErrNacked, e.exchange, e.key)
 	}
 	e.b.resolve(e.i, err)

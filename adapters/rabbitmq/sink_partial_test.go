@@ -82,3 +82,37 @@ func requireOnlyMiddleFailed(t *testing.T, c *amqp.Connection, queue string, err
 		t.Fatalf("queue holds %v, want the confirmed 0 and 2", got)
 	}
 }
+
+// A Publish call whose middle message the queue refuses (basic.nack: over
+// max-length-bytes with reject-publish) lists that message alone, with
+// ErrNacked. RabbitMQ nacks it at once and acks the others later with one
+// multiple ack that spans it; amqp091-go's NotifyPublish then hands over an
+// ack for the nacked message too, so the sink reads its deferred
+// confirmation instead. Before, the call returned nil and the message was
+// lost.
+func TestSinkReportsNackedMessage(t *testing.T) {
+	t.Parallel()
+	c := needBroker(t)
+	cfg := testConfig(t, Classic)
+	declare(t, cfg)
+	const limit = 64 << 10
+	rejectOver(t, c, cfg.Queue, limit)
+	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName})
+	for range 5 { // the broker's timing decides whether the ack spans the nack: try a few times
+		msgs := partialBatch("k", "k")
+		msgs[1].Payload = make([]byte, 2*limit)
+		err := sink.Publish(ctxT(t), msgs...)
+		pe, ok := errors.AsType[*adapters.PublishError](err)
+		if !ok || len(pe.Failed) != 1 || pe.Failed[0].Index != 1 || !errors.Is(pe.Failed[0].Err, ErrNacked) {
+			t.Fatalf("Publish = %v, want an adapters.PublishError listing msgs[1] alone, nacked", err)
+		}
+	}
+	var got []string
+	for _, d := range getAll(t, c, cfg.Queue) {
+		got = append(got, string(d.Body))
+	}
+	slices.Sort(got)
+	if want := []string{"0", "0", "0", "0", "0", "2", "2", "2", "2", "2"}; !slices.Equal(got, want) {
+		t.Fatalf("queue holds %v, want %v", got, want)
+	}
+}
