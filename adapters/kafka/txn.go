@@ -77,9 +77,12 @@ type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output))
 // or not at all. Consumers of the outputs must read with read_committed
 // isolation (the ackwise Source does). A rebalance during a batch aborts it,
 // and the next owner consumes it again. A batch must end within the
-// producer's transaction timeout (kgo.TransactionTimeout, 40s by default):
-// the broker aborts a longer one, and the session's late commit then fails
-// as fenced, which ends Run (nothing of the batch is committed).
+// producer's transaction timeout (kgo.TransactionTimeout in Options, 40s by
+// default), counted from its first output: the broker aborts a longer
+// transaction, nothing of the batch is committed, and the session's late
+// commit fails (as fenced, on kfake), which ends Run with an error that
+// matches [ErrTransactionTimeout] as well as the broker's error. A batch
+// still running at 80% of the timeout is logged at Warn level.
 //
 // It is an opt-in mode beside [Source]: it does not run handlers through the
 // consumer engine, has no retry topics, and settles whole batches, not
@@ -91,12 +94,39 @@ type TransactSession struct {
 	// endTimeout bounds the flush of a batch's outputs, and separately the
 	// End of its transaction; tests shorten it.
 	endTimeout time.Duration
+	// txnTimeout is the producer's transaction timeout; 0 if unknown.
+	txnTimeout time.Duration
 	// attempts counts the deliveries of records whose batch was aborted,
 	// until a batch commits them (Run's goroutine only).
 	attempts map[txnRecord]txnAttempt
 
 	closeOnce sync.Once
 }
+
+// ErrTransactionTimeout is matched (with errors.Is) by the error Run returns
+// when ending a batch's transaction failed and the transaction had run
+// longer than the producer's transaction timeout: the broker aborted it,
+// and nothing of the batch was committed. The error also wraps the broker's
+// (PRODUCER_FENCED, say). Shorten batches (Config.PollBatch, the fetch
+// limits) or raise kgo.TransactionTimeout.
+var ErrTransactionTimeout = errors.New("kafka: transaction ran longer than the transaction timeout")
+
+// txnTimeoutError is an error of a transaction that ran longer than the
+// transaction timeout: it names both, and matches ErrTransactionTimeout and
+// err.
+type txnTimeoutError struct {
+	ran, timeout time.Duration
+	err          error
+}
+
+func (e *txnTimeoutError) Error() string {
+	return fmt.Sprintf("kafka: batch's transaction ran %v, longer than the transaction timeout %v: "+
+		"the broker aborts such a transaction, so nothing of the batch was committed; "+
+		"shorten batches (Config.PollBatch, fetch limits) or raise kgo.TransactionTimeout: %v",
+		e.ran.Round(time.Millisecond), e.timeout, e.err)
+}
+
+func (e *txnTimeoutError) Unwrap() []error { return []error{ErrTransactionTimeout, e.err} }
 
 // txnRecord names an input record.
 type txnRecord struct {
@@ -145,7 +175,8 @@ func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSessi
 		sess.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
-	return &TransactSession{cfg: cfg, sess: sess, log: cfg.Logger, endTimeout: 30 * time.Second, attempts: map[txnRecord]txnAttempt{}}, nil
+	txnTimeout, _ := sess.Client().OptValue(kgo.TransactionTimeout).(time.Duration)
+	return &TransactSession{cfg: cfg, sess: sess, log: cfg.Logger, endTimeout: 30 * time.Second, txnTimeout: txnTimeout, attempts: map[txnRecord]txnAttempt{}}, nil
 }
 
 // Run consumes batches and runs fn on each message until ctx is done (then
@@ -281,7 +312,30 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	}()
 	var mu sync.Mutex
 	var produceErr, fnErr error
+	// The broker counts the transaction timeout from the transaction's
+	// first record (from its offsets' commit in End if it has none):
+	// firstOut is when the first output was produced.
+	var firstOut time.Time
+	var warn *time.Timer
+	defer func() {
+		mu.Lock()
+		if warn != nil {
+			warn.Stop()
+		}
+		mu.Unlock()
+	}()
 	emit := func(o Output) {
+		mu.Lock()
+		if firstOut.IsZero() {
+			firstOut = time.Now()
+			if s.txnTimeout > 0 {
+				warn = time.AfterFunc(s.txnTimeout*4/5, func() {
+					s.log.Warn("kafka: batch's transaction has run 80% of the transaction timeout; the broker aborts it at the timeout, and nothing of the batch is committed",
+						"timeout", s.txnTimeout)
+				})
+			}
+		}
+		mu.Unlock()
 		rec := &kgo.Record{Topic: o.Topic, Value: o.Payload}
 		if o.Key != "" {
 			rec.Key = []byte(o.Key)
@@ -322,6 +376,7 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	cancelFlush()
 	mu.Lock()
 	perr := produceErr
+	start := firstOut
 	mu.Unlock()
 	if perr == nil && ferr != nil {
 		perr = ferr
@@ -335,19 +390,39 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	}
 	switch {
 	case err != nil:
-		return false, fmt.Errorf("kafka: end transaction: %w", err)
+		return false, s.timedOut(start, fmt.Errorf("kafka: end transaction: %w", err))
 	case committed:
 		return false, nil
 	case fnErr != nil:
 		s.log.Warn("kafka: transform failed; transaction aborted, the batch will be consumed again", "err", fnErr)
 		return true, nil
 	case perr != nil:
-		s.log.Warn("kafka: produce failed; transaction aborted, the batch will be consumed again", "err", perr)
+		s.log.Warn("kafka: produce failed; transaction aborted, the batch will be consumed again", "err", s.timedOut(start, perr))
 		return true, nil
+	case commit && s.overran(start):
+		// franz-go recovered from the broker's abort (an epoch bump):
+		// the same batch will likely run as long again.
+		s.log.Warn("kafka: transaction aborted; the batch will be consumed again", "err", s.timedOut(start, errors.New("kafka: commit refused")))
 	default:
 		s.log.Info("kafka: transaction aborted (rebalance or shutdown); the batch will be consumed again")
 	}
 	return false, nil
+}
+
+// overran reports whether the transaction that started at start (zero: in
+// End) has run longer than the transaction timeout.
+func (s *TransactSession) overran(start time.Time) bool {
+	return !start.IsZero() && s.txnTimeout > 0 && time.Since(start) > s.txnTimeout
+}
+
+// timedOut returns err, the failure of the transaction that started at
+// start, wrapped in a *txnTimeoutError if the transaction has run longer
+// than the transaction timeout, the likely cause then.
+func (s *TransactSession) timedOut(start time.Time, err error) error {
+	if !s.overran(start) {
+		return err
+	}
+	return &txnTimeoutError{ran: time.Since(start), timeout: s.txnTimeout, err: err}
 }
 
 // countAttempts notes the deliveries of a batch that was aborted, so that
