@@ -379,7 +379,7 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	start := firstOut
 	mu.Unlock()
 	if perr == nil && ferr != nil {
-		perr = ferr
+		perr = fmt.Errorf("kafka: flush outputs: not all confirmed within %v: %w", s.endTimeout, ferr)
 	}
 	commit := fnErr == nil && perr == nil && ctx.Err() == nil
 	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
@@ -390,6 +390,9 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	}
 	switch {
 	case err != nil:
+		if errors.Is(err, context.DeadlineExceeded) && endCtx.Err() != nil {
+			err = fmt.Errorf("not ended within %v: %w", s.endTimeout, err)
+		}
 		return false, s.timedOut(start, fmt.Errorf("kafka: end transaction: %w", err))
 	case committed:
 		return false, nil

@@ -2,7 +2,9 @@ package kafka
 
 import (
 	"context"
+	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -107,7 +109,8 @@ func waitTxnCommitted(ctx context.Context, t *testing.T, sess *TransactSession, 
 
 // TestTransactSessionAbortsAfterFlushTimeout: a flush of the outputs that
 // runs out of time (the broker slow to confirm them) aborts the batch,
-// which is consumed again and commits once. Before, the flush and End
+// which is consumed again and commits once; the log says the flush ran out
+// of its time, not only "context deadline exceeded". Before, the flush and End
 // shared one budget: the flush used it up, End failed at once without
 // aborting, Run ended, and the transaction stayed open until the broker's
 // transaction timeout.
@@ -116,6 +119,8 @@ func TestTransactSessionAbortsAfterFlushTimeout(t *testing.T) {
 	c := newKfake(t)
 	brokers := c.ListenAddrs()
 	cfg := testConfig(t, brokers, 1)
+	logs := &lockedBuffer{}
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	out := outTopic(t, cfg, 1)
@@ -144,5 +149,8 @@ func TestTransactSessionAbortsAfterFlushTimeout(t *testing.T) {
 	}
 	if recs := readIsolated(ctx, t, brokers, out, kgo.ReadCommitted()); len(recs) != 1 {
 		t.Fatalf("%d committed outputs, want 1 (the aborted attempt's output invisible)", len(recs))
+	}
+	if !strings.Contains(logs.String(), "not all confirmed within 1s") {
+		t.Errorf("the flush's timeout not named in the logs:\n%s", logs.String())
 	}
 }
