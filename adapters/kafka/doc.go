@@ -162,7 +162,11 @@
 // [NewTransactSession] is an opt-in consume-transform-produce mode on
 // franz-go's GroupTransactSession: a batch's outputs and its input offsets
 // commit in one transaction, so read_committed consumers see each output
-// exactly once, across aborted attempts and rebalances.
+// exactly once, across aborted attempts and rebalances. A batch must end
+// within the producer's transaction timeout (kgo.TransactionTimeout, 40s by
+// default, counted from its first output): the broker aborts a longer one,
+// and Run ends with an error matching [ErrTransactionTimeout]; a batch
+// still running at 80% of the timeout is logged at Warn level.
 //
 // # URL
 //
