@@ -244,6 +244,11 @@ func (s *Sink) Close() error {
 // retried the others) is marked ackwise.Permanent, so that a retrying
 // caller (producer.Publisher) stops at once instead of after every attempt.
 func produceError(topic string, err error) error {
+	if errors.Is(err, kgo.ErrClientClosed) {
+		// Close failed it: what Publish returns after Close, so that a
+		// retrying caller stops (the record may still have been written).
+		return fmt.Errorf("kafka: produce to %s: %w: %w", topic, adapters.ErrClosed, err)
+	}
 	err = fmt.Errorf("kafka: produce to %s: %w", topic, err)
 	var ke *kerr.Error
 	if errors.As(err, &ke) && !ke.Retriable {

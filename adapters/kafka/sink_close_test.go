@@ -2,12 +2,14 @@ package kafka
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
 )
 
 // TestSinkCloseBounded: with the broker gone, Close flushes for at most its
@@ -70,6 +72,10 @@ func TestSinkCloseBounded(t *testing.T) {
 			case err := <-published:
 				if err == nil {
 					t.Fatal("Publish of records the broker never confirmed returned nil")
+				}
+				// A retrying caller (producer.Publisher) stops at once.
+				if !errors.Is(err, adapters.ErrClosed) {
+					t.Errorf("Publish = %v, want adapters.ErrClosed: the sink was closed", err)
 				}
 			case <-time.After(10 * time.Second):
 				t.Fatal("Publish still blocked 10s after Close")
