@@ -77,8 +77,9 @@ func NewPublishError(errs []error) error {
 
 // PublishFailures returns the messages that err, the error of a Publish
 // call of n messages, says were not confirmed: the list of the
-// *PublishError found in err (errors.As) when its indexes fit n, else every
-// message, with err. It returns nil for a nil err.
+// *PublishError found in err (errors.As) when it is well formed (at least
+// one failure, each with an error, indexes ascending and below n), else
+// every message, with err. It returns nil for a nil err.
 func PublishFailures(err error, n int) []PublishFailure {
 	if err == nil {
 		return nil
@@ -93,11 +94,16 @@ func PublishFailures(err error, n int) []PublishFailure {
 	return all
 }
 
-// fits reports whether pe's indexes are ascending and below n.
+// fits reports whether pe lists at least one failure, each with an error,
+// and its indexes are ascending and below n. Not so, it tells nothing
+// usable (an error that lists no message would pass for a success).
 func fits(pe *PublishError, n int) bool {
+	if len(pe.Failed) == 0 {
+		return false
+	}
 	prev := -1
 	for _, f := range pe.Failed {
-		if f.Index <= prev || f.Index >= n {
+		if f.Err == nil || f.Index <= prev || f.Index >= n {
 			return false
 		}
 		prev = f.Index

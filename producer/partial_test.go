@@ -94,3 +94,35 @@ func TestPublishListsWhatFailedInTheEnd(t *testing.T) {
 		t.Fatalf("calls %v", sink.calls)
 	}
 }
+
+// fixedSink returns err from every Publish call.
+type fixedSink struct{ err error }
+
+func (s fixedSink) Publish(context.Context, ...*ackwise.Message) error { return s.err }
+func (s fixedSink) Close() error                                       { return nil }
+
+// A sink's PublishError that lists no message, or a message without an
+// error, says nothing usable about which failed: Publish must not take it
+// for a success (the messages were not confirmed); it stands for every
+// message, as an error that is no PublishError does.
+func TestPublishMalformedPublishErrorIsNoSuccess(t *testing.T) {
+	t.Parallel()
+	for name, perr := range map[string]*adapters.PublishError{
+		"empty":   {},
+		"nil Err": {Failed: []adapters.PublishFailure{{Index: 1}}},
+	} {
+		p, err := producer.New(fixedSink{perr}, producer.Config{Retry: retry.Policy{MaxAttempts: 2, InitialInterval: time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := []*ackwise.Message{{ID: "a"}, {ID: "b"}}
+		err = p.Publish(context.Background(), msgs...)
+		if err == nil {
+			t.Errorf("%s: Publish = nil, want an error: the sink confirmed nothing", name)
+			continue
+		}
+		if f := adapters.PublishFailures(err, len(msgs)); len(f) != 2 {
+			t.Errorf("%s: PublishFailures = %v, want both messages", name, f)
+		}
+	}
+}
