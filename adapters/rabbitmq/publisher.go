@@ -519,7 +519,9 @@ type pendingPub struct {
 
 // batch collects the outcome of one publishBatch call.
 type batch struct {
+	mu        sync.Mutex // guards res and set: publishBatch reads them when ctx ends first
 	res       []error
+	set       []bool // res[i] is message i's outcome
 	remaining atomic.Int64
 	done      chan struct{}
 }
@@ -527,16 +529,35 @@ type batch struct {
 // resolve records the outcome of message i. Each message is resolved once,
 // by whoever removed it from the pending map.
 func (b *batch) resolve(i int, err error) {
-	b.res[i] = err
+	b.mu.Lock()
+	b.res[i], b.set[i] = err, true
+	b.mu.Unlock()
 	if b.remaining.Add(-1) == 0 {
 		close(b.done)
 	}
 }
 
+// outcomes returns the outcome of each message, or err for one whose
+// confirm has not come or whose channel died first: it may still be
+// published, but is not sent again.
+func (b *batch) outcomes(err error) []error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]error, len(b.res))
+	for i, e := range b.res {
+		out[i] = err
+		if b.set[i] && !errors.Is(e, errConnLost) {
+			out[i] = e
+		}
+	}
+	return out
+}
+
 // publishBatch publishes msgs[idx...] on s and waits for their confirms. It
-// returns one outcome per index, or ctx's error.
+// returns one outcome per index (ctx's error for those still unconfirmed
+// when ctx ended), or ctx's error when ctx ended before it could publish.
 func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []int) ([]error, error) {
-	b := &batch{res: make([]error, len(idx)), done: make(chan struct{})}
+	b := &batch{res: make([]error, len(idx)), set: make([]bool, len(idx)), done: make(chan struct{})}
 	b.remaining.Store(int64(len(idx)))
 
 	if err := s.lockPublish(ctx); err != nil {
@@ -595,7 +616,8 @@ func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []in
 	case <-b.done:
 		return b.res, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("rabbitmq: waiting for publisher confirms: %w", ctx.Err())
+		// The messages already confirmed (or refused) keep their outcome.
+		return b.outcomes(fmt.Errorf("rabbitmq: waiting for publisher confirms: %w", ctx.Err())), nil
 	}
 }
 
