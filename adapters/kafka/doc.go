@@ -165,8 +165,9 @@
 // exactly once, across aborted attempts and rebalances. A batch must end
 // within the producer's transaction timeout (kgo.TransactionTimeout, 40s by
 // default, counted from its first output): the broker aborts a longer one,
-// and Run ends with an error matching [ErrTransactionTimeout]; a batch
-// still running at 80% of the timeout is logged at Warn level.
+// and Run ends with an error matching [ErrTransactionTimeout] (or, where
+// franz-go recovers from the abort, logs it and consumes the batch again);
+// a batch still running at 80% of the timeout is logged at Warn level.
 //
 // # URL
 //

@@ -81,8 +81,11 @@ type Transform func(ctx context.Context, in *ackwise.Message, emit func(Output))
 // default), counted from its first output: the broker aborts a longer
 // transaction, nothing of the batch is committed, and the session's late
 // commit fails (as fenced, on kfake), which ends Run with an error that
-// matches [ErrTransactionTimeout] as well as the broker's error. A batch
-// still running at 80% of the timeout is logged at Warn level.
+// matches [ErrTransactionTimeout] as well as the broker's error. Where
+// franz-go recovers from the abort instead (a broker that answers
+// TRANSACTION_ABORTABLE, say), Run goes on, logs that error at Warn level and
+// consumes the batch again. A batch still running at 80% of the timeout is
+// logged at Warn level.
 //
 // It is an opt-in mode beside [Source]: it does not run handlers through the
 // consumer engine, has no retry topics, and settles whole batches, not
