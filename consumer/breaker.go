@@ -160,12 +160,67 @@ func (c *Consumer) breakerFailure(t task, after time.Duration) bool {
 		b.probing = nil
 		b.probeDelay = min(2*b.probeDelay, b.cfg.MaxProbeInterval)
 	}
-	b.held = append(b.held, t)
 	c.detach(msg)
-	if b.probing == nil && b.probe == nil {
-		c.scheduleProbe(after)
+	if !c.src.Valid(msg) {
+		// No longer this consumer's (a Kafka revoke, a dead RabbitMQ
+		// channel), perhaps since before a wakeInvalid that could not see
+		// it held: a worker hands it back now, as waitLocked does.
+		c.queueLocked(t)
+	} else {
+		b.held = append(b.held, t)
+	}
+	if b.probing == nil {
+		if len(b.held) == 0 {
+			c.closeIdleLocked()
+		} else if b.probe == nil {
+			c.scheduleProbe(after)
+		}
 	}
 	return true
+}
+
+// handBackInvalidLocked hands back the held messages that are no longer
+// Valid (wakeInvalid): each goes to a worker, which releases it and the
+// messages queued behind it in its lane, observed as Released, as a wait
+// in place that ends on an invalid message is. Held, they would stay in
+// flight until the next probe: a Kafka revoke would wait for them up to
+// its RevokeTimeout, a dead RabbitMQ channel's redeliveries behind them.
+// A breaker left with nothing to probe with closes (closeIdleLocked).
+// Called with c.mu held.
+func (c *Consumer) handBackInvalidLocked() {
+	b := c.breaker
+	if b == nil || len(b.held) == 0 {
+		return
+	}
+	kept := b.held[:0]
+	for _, t := range b.held {
+		if c.src.Valid(t.msg) {
+			kept = append(kept, t)
+		} else {
+			c.queueLocked(t)
+		}
+	}
+	if len(kept) == len(b.held) {
+		return
+	}
+	clear(b.held[len(kept):])
+	b.held = kept
+	if b.open && len(b.held) == 0 && b.probing == nil {
+		c.log.Info("breaker closed: its held messages are no longer this consumer's; resuming")
+		c.closeIdleLocked()
+	}
+}
+
+// closeIdleLocked closes the open breaker, which holds nothing to probe
+// with and runs no probe: open, it would pause consumption for good.
+// Receiving resumes; a dependency still down opens it again. Called with
+// c.mu held.
+func (c *Consumer) closeIdleLocked() {
+	b := c.breaker
+	b.open = false
+	b.engaged.Store(len(b.keys) > 0)
+	b.stopProbe()
+	c.signalSpace()
 }
 
 // probeEnded is called (with c.mu held) when the probe message finished
@@ -184,10 +239,7 @@ func (c *Consumer) probeEnded() {
 		}
 		return
 	}
-	b.open = false
-	b.engaged.Store(len(b.keys) > 0)
-	b.stopProbe()
-	c.signalSpace()
+	c.closeIdleLocked()
 }
 
 // scheduleProbe starts the probe timer (with c.mu held): after the probe

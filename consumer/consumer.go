@@ -857,7 +857,9 @@ func (c *Consumer) wake(t task, retry bool) {
 // Valid (adapters.Invalidator): each goes to a worker as when its wait
 // ends, which hands it back (process, retryMove), observed as it would be
 // then, and releases the messages queued behind it in its lane. A retry's
-// wait ends without the next attempt: the message does not run again.
+// wait ends without the next attempt: the message does not run again. The
+// messages an open breaker holds are handed back the same way
+// (handBackInvalidLocked).
 func (c *Consumer) wakeInvalid() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -870,6 +872,7 @@ func (c *Consumer) wakeInvalid() {
 			c.queueLocked(w.t)
 		}
 	}
+	c.handBackInvalidLocked()
 }
 
 // stop begins the drain: no more handler starts, in-place waits are
