@@ -182,8 +182,9 @@ func TestMembersJoinAndLeaveUnderLoad(t *testing.T) {
 	t.Logf("%d records, %d handled twice (at-least-once across rebalances)", n, dups)
 }
 
-// runConsumer runs a consumer of src with h and cfg until the test ends.
-func runConsumer(t *testing.T, src adapters.Source, h ackwise.Handler, cfg consumer.Config) {
+// runConsumer runs a consumer of src with h and cfg until the test ends,
+// and returns it.
+func runConsumer(t *testing.T, src adapters.Source, h ackwise.Handler, cfg consumer.Config) *consumer.Consumer {
 	t.Helper()
 	c, err := consumer.New(src, h, cfg)
 	if err != nil {
@@ -196,6 +197,7 @@ func runConsumer(t *testing.T, src adapters.Source, h ackwise.Handler, cfg consu
 		cancel()
 		<-done
 	})
+	return c
 }
 
 // TestPoisonRecordDoesNotStopPartition: a record that always fails is
