@@ -31,7 +31,11 @@ const (
 // retries to the dead-letter destination as usual.
 //
 // Held messages count against MaxInFlight and keep their leases extended
-// where the broker allows. The zero value means the documented defaults.
+// where the broker allows. A held message that stops being Valid (a Kafka
+// revoke, a dead RabbitMQ channel) is handed back, released, at once where
+// the source says so (adapters.Invalidator), else when the probe reaches
+// it; a breaker left holding nothing closes. The zero value means the
+// documented defaults.
 type Breaker struct {
 	// Threshold is the number of different keys whose consecutive transient
 	// failures open the breaker. Default DefaultBreakerThreshold (10).
