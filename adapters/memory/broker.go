@@ -156,6 +156,9 @@ type dest struct {
 	faults      []*InjectedFault
 	outageUntil atomic.Int64
 	deleted     bool
+	// voided are the sources whose deliveries stopped being Valid under
+	// mu, told when it is released (see unlock).
+	voided []*source
 
 	arena arena
 }

@@ -267,7 +267,9 @@ func (gp *groupPart) resetLocked() {
 
 // rebalanceLocked assigns g's partitions to its members by range assignment
 // (members in join order, contiguous ranges, the first ones one more). A
-// partition that keeps its owner keeps its state.
+// partition that keeps its owner keeps its state; one that changes hands
+// voids its former owner's deliveries, which is told when the caller
+// unlocks (t.unlock).
 func (t *topic) rebalanceLocked(g *group, now time.Time) {
 	n, m := len(g.parts), len(g.members)
 	owners := make([]*GroupSource, n)
@@ -290,6 +292,9 @@ func (t *topic) rebalanceLocked(g *group, now time.Time) {
 	}
 	for i, gp := range g.parts {
 		if gp.owner != owners[i] {
+			if o := gp.owner; o != nil {
+				t.voidLocked(&o.source)
+			}
 			gp.owner = owners[i]
 			gp.resetLocked()
 		}
@@ -371,7 +376,10 @@ type GroupSource struct {
 	dels   slab[logDelivery]
 }
 
-var _ adapters.Source = (*GroupSource)(nil)
+var (
+	_ adapters.Source      = (*GroupSource)(nil)
+	_ adapters.Invalidator = (*GroupSource)(nil)
+)
 
 var logCaps = adapters.Capabilities{Log: true, Ordered: true}
 
@@ -388,7 +396,7 @@ func (b *Broker) JoinGroup(topicName, groupName string) (*GroupSource, error) {
 	}
 	now := b.clock.Now()
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	if t.deleted {
 		return nil, fmt.Errorf("%w: %q was deleted", ErrNotFound, topicName)
 	}
@@ -435,7 +443,7 @@ func (b *Broker) SeekGroup(topicName, groupName string, partition int32, offset 
 	}
 	now := b.clock.Now()
 	t.mu.Lock()
-	defer t.mu.Unlock()
+	defer t.unlock()
 	if partition < 0 || int(partition) >= len(t.parts) {
 		return fmt.Errorf("memory: partition = %d: topic %q has partitions 0..%d", partition, topicName, len(t.parts)-1)
 	}
@@ -452,6 +460,9 @@ func (b *Broker) SeekGroup(topicName, groupName string, partition int32, offset 
 	gp := g.parts[partition]
 	gp.committed = offset
 	gp.resetLocked()
+	if gp.owner != nil {
+		t.voidLocked(&gp.owner.source)
+	}
 	if t.b.history {
 		t.record(Event{Kind: EventCommitted, Group: g.name, Partition: partition, Offset: offset}, now)
 	}
@@ -499,7 +510,7 @@ func (s *GroupSource) Crash() {
 	now := s.t.b.clock.Now()
 	s.t.mu.Lock()
 	s.crashLocked(now, 0)
-	s.t.mu.Unlock()
+	s.t.unlock()
 }
 
 func (s *GroupSource) crashLocked(now time.Time, k FaultKind) {
@@ -798,7 +809,7 @@ func (s *GroupSource) settleFaultLocked(msg *ackwise.Message, now time.Time, kin
 	err = s.settleFault(x, msg,
 		func(k FaultKind) { s.crashLocked(now, k) },
 		func() { s.recordFault(x, msg, now) })
-	t.mu.Unlock()
+	t.unlock() // a crash voided the member's deliveries
 	return true, err
 }
 
@@ -933,6 +944,7 @@ func (s *GroupSource) ExtendLease(ctx context.Context, msg *ackwise.Message, d t
 
 // Valid reports whether msg's partition is still this member's under the
 // same epoch and the member is neither closed nor crashed. It takes no lock.
+// Each of these ends is an event the member tells (see OnInvalid).
 func (s *GroupSource) Valid(msg *ackwise.Message) bool {
 	d, ok := msg.Handle.(*logDelivery)
 	if !ok || d.src != s || s.crashed.Load() || s.closed.Load() {
@@ -940,6 +952,13 @@ func (s *GroupSource) Valid(msg *ackwise.Message) bool {
 	}
 	return d.epoch == d.gp.epoch.Load()
 }
+
+// OnInvalid sets f (adapters.Invalidator), called, without the broker's
+// locks held, after the member's deliveries stopped being Valid: it lost a
+// partition (another member joined, it or another member closed or
+// crashed), SeekGroup reset one of its partitions, or it closed or crashed
+// (Crash, an injected crash fault, Broker.Delete of the topic).
+func (s *GroupSource) OnInvalid(f func()) { s.hook.OnInvalid(f) }
 
 // Capabilities: Log and Ordered.
 func (s *GroupSource) Capabilities() adapters.Capabilities { return logCaps }
@@ -954,6 +973,6 @@ func (s *GroupSource) Close() error {
 	s.t.mu.Lock()
 	s.closed.Store(true)
 	s.leaveLocked(now)
-	s.t.mu.Unlock()
+	s.t.unlock()
 	return nil
 }

@@ -86,6 +86,9 @@ type record struct {
 	// Valid needs no lock.
 	gen        atomic.Uint64
 	leaseUntil atomic.Int64
+	// twin is the source holding a duplicate (FaultDuplicate) of the
+	// current delivery: settling either voids the other, which it is told.
+	twin *QueueSource
 }
 
 type fifoGroup struct {
@@ -244,6 +247,7 @@ func (q *queue) advanceLocked(now int64) {
 	for q.inflight.len() > 0 && q.inflight.top().leaseUntil.Load() <= now {
 		rec := q.inflight.pop()
 		rec.gen.Add(1)
+		rec.twin = nil // a lease that ran out is not an event sources tell
 		if q.b.history {
 			// The lease ran out at its deadline, not when the broker
 			// noticed (the next Receive or Stats, maybe much later).
@@ -263,7 +267,7 @@ func (q *queue) settleLocked(rec *record) {
 		}
 	}
 	rec.state = stDeleted
-	rec.gen.Add(1)
+	q.voidGenLocked(rec)
 	q.total--
 	if g := rec.group; g != nil {
 		g.msgs.pop()
@@ -281,6 +285,17 @@ func (q *queue) settleLocked(rec *record) {
 			}
 		}
 		rec.group = nil
+	}
+}
+
+// voidGenLocked ends rec's current delivery, settled by one of its
+// holders: a duplicate of it (FaultDuplicate) is no longer Valid either,
+// and its source is told when q.mu is released (unlock).
+func (q *queue) voidGenLocked(rec *record) {
+	rec.gen.Add(1)
+	if rec.twin != nil {
+		q.voidLocked(&rec.twin.source)
+		rec.twin = nil
 	}
 }
 
@@ -331,7 +346,7 @@ func deadline(now int64, d time.Duration) int64 {
 func (q *queue) wakeUnlockRedrive() {
 	q.wakeLocked()
 	rd := q.takeRedriveLocked()
-	q.mu.Unlock()
+	q.unlock()
 	if rd != nil {
 		q.redriveOut(rd)
 	}
@@ -491,7 +506,10 @@ type QueueSource struct {
 	dups   []*delivery
 }
 
-var _ adapters.Source = (*QueueSource)(nil)
+var (
+	_ adapters.Source      = (*QueueSource)(nil)
+	_ adapters.Invalidator = (*QueueSource)(nil)
+)
 
 // QueueSource opens a consumer on the queue name, creating the queue with
 // the broker's default configuration when it does not exist.
@@ -523,7 +541,7 @@ func (s *QueueSource) Crash() {
 	now := s.q.b.clock.Now()
 	s.q.mu.Lock()
 	s.crashLocked(now, 0)
-	s.q.mu.Unlock()
+	s.q.unlock()
 }
 
 func (s *QueueSource) crashLocked(now time.Time, k FaultKind) {
@@ -532,6 +550,7 @@ func (s *QueueSource) crashLocked(now time.Time, k FaultKind) {
 	}
 	s.q.record(Event{Kind: EventCrashed, Consumer: s.id, Partition: -1, Offset: -1, Fault: k}, now)
 	s.q.b.log.Debug("memory: source crashed", "source", s.id, "fault", k.String())
+	s.q.voidLocked(&s.source)
 	s.signal()
 }
 
@@ -601,6 +620,7 @@ func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 					d2 := q.dels.alloc()
 					*d2 = *d
 					d2.Handle = d2
+					rec.twin = s
 					q.recordFault(x, &d.Message, s, nowT)
 					q.recordDelivery(d2, s, nowT)
 					if n < len(buf) {
@@ -685,6 +705,7 @@ func (q *queue) deliverLocked(rec *record, s *QueueSource, now int64) *delivery 
 	rec.receives++
 	rec.state = stInFlight
 	gen := rec.gen.Add(1)
+	rec.twin = nil // a duplicate of an earlier delivery was voided with it
 	rec.leaseUntil.Store(deadline(now, q.cfg.Lease))
 	q.inflight.push(rec)
 	var d *delivery
@@ -802,7 +823,7 @@ func (s *QueueSource) settleFaultLocked(msg *ackwise.Message, now time.Time, kin
 	err = s.settleFault(x, msg,
 		func(k FaultKind) { s.crashLocked(now, k) },
 		func() { q.recordFault(x, msg, s, now) })
-	q.mu.Unlock()
+	q.unlock() // a crash voided the source's deliveries
 	return true, err
 }
 
@@ -832,7 +853,7 @@ func (s *QueueSource) Ack(ctx context.Context, msg *ackwise.Message) error {
 	if q.groups != nil && len(q.waiters) > 0 {
 		q.wakeLocked() // the key's next message is visible now
 	}
-	q.mu.Unlock()
+	q.unlock()
 	return nil
 }
 
@@ -848,7 +869,7 @@ func (s *QueueSource) Nack(ctx context.Context, msg *ackwise.Message, delay time
 	q := s.q
 	rec := d.rec
 	q.inflight.remove(rec)
-	rec.gen.Add(1)
+	q.voidGenLocked(rec)
 	if rec.firstFailure.IsZero() {
 		rec.firstFailure = now
 	}
@@ -902,7 +923,7 @@ func (s *QueueSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 	q.settleLocked(rec)
 	q.deadLettered++
 	q.wakeLocked()
-	q.mu.Unlock()
+	q.unlock()
 	return nil
 }
 
@@ -931,7 +952,7 @@ func (s *QueueSource) Release(ctx context.Context, msg *ackwise.Message) error {
 	q := s.q
 	rec := d.rec
 	q.inflight.remove(rec)
-	rec.gen.Add(1)
+	q.voidGenLocked(rec)
 	if q.b.history {
 		q.record(Event{Kind: EventReleased, Consumer: s.id, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt}, now)
 	}
@@ -986,6 +1007,14 @@ func (s *QueueSource) Valid(msg *ackwise.Message) bool {
 	return now < d.rec.leaseUntil.Load()
 }
 
+// OnInvalid sets f (adapters.Invalidator), called, without the broker's
+// locks held, after deliveries of the source stopped being Valid on an
+// event: it closed or crashed (Close, Crash, an injected crash fault,
+// Broker.Delete of the queue), or a duplicate delivery (FaultDuplicate) was
+// settled through its twin. A lease that runs out is not an event: f is
+// not called for it (the engine's heartbeat keeps leases from running out).
+func (s *QueueSource) OnInvalid(f func()) { s.hook.OnInvalid(f) }
+
 // Capabilities: Delay, Lease, ExtendLease, DeliveryCount; Ordered on a FIFO
 // queue.
 func (s *QueueSource) Capabilities() adapters.Capabilities { return s.q.caps }
@@ -999,7 +1028,8 @@ func (s *QueueSource) Close() error {
 	s.closed.Store(true)
 	s.unwaitLocked()
 	delete(q.sources, s)
-	q.mu.Unlock()
+	q.voidLocked(&s.source)
+	q.unlock()
 	s.signal()
 	return nil
 }

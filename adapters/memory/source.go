@@ -10,14 +10,19 @@ import (
 )
 
 // source is what queue and log sources share: the ID the history names
-// them by, the channel that wakes a blocked Receive, and the closed and
-// crashed flags. QueueSource and GroupSource embed it.
+// them by, the channel that wakes a blocked Receive, the closed and crashed
+// flags, and the engine's hook for deliveries that stopped being Valid.
+// QueueSource and GroupSource embed it.
 type source struct {
 	id   string
 	wake chan struct{}
 	// waiting says the source is in its destination's waiters; guarded by
 	// the destination's lock.
 	waiting bool
+	// voided says the source is in its destination's voided list; guarded
+	// by the destination's lock.
+	voided bool
+	hook   adapters.InvalidHook
 
 	closed  atomic.Bool
 	crashed atomic.Bool
@@ -84,6 +89,35 @@ func wakeWaiters(waiters *[]*source) {
 	}
 	clear(w)
 	*waiters = w[:0]
+}
+
+// voidLocked notes that deliveries of s stopped being Valid: s's hook
+// (adapters.Invalidator) is called once d.mu is released, by unlock. Caller
+// holds d.mu, after the change Valid sees.
+func (d *dest) voidLocked(s *source) {
+	if !s.voided {
+		s.voided = true
+		d.voided = append(d.voided, s)
+	}
+}
+
+// unlock releases d.mu, then calls the hooks of the sources voidLocked
+// named meanwhile: a hook calls Valid and makes the engine settle, so it
+// runs without the lock, as adapters.Invalidator asks.
+func (d *dest) unlock() {
+	if len(d.voided) == 0 {
+		d.mu.Unlock()
+		return
+	}
+	v := d.voided
+	d.voided = nil
+	for _, s := range v {
+		s.voided = false
+	}
+	d.mu.Unlock()
+	for _, s := range v {
+		s.hook.Invalidated()
+	}
 }
 
 // settleFault returns the result of the settle call on msg that the settle
