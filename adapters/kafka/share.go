@@ -96,7 +96,10 @@ type ShareSource struct {
 	// renewal by ExtendLease must not wait for the next tick.
 	flushNow chan struct{}
 
-	closed   atomic.Bool
+	closed atomic.Bool
+	// invalid is told when Close voids the records in flight
+	// (adapters.Invalidator).
+	invalid  adapters.InvalidHook
 	stopCtx  context.Context // cancelled by Close: ends renewPending
 	stop     context.CancelFunc
 	renewing sync.WaitGroup
@@ -152,8 +155,9 @@ func (rc *shareReceipt) expiresWithin(now time.Time, d time.Duration) bool {
 func (s *ShareSource) nearExpiry() time.Duration { return s.lease / 2 }
 
 var (
-	_ adapters.Source   = (*ShareSource)(nil)
-	_ adapters.Detacher = (*ShareSource)(nil)
+	_ adapters.Source      = (*ShareSource)(nil)
+	_ adapters.Detacher    = (*ShareSource)(nil)
+	_ adapters.Invalidator = (*ShareSource)(nil)
 )
 
 // NewShareSource joins the share group cfg.Group on cfg.Topic. Of cfg,
@@ -748,6 +752,13 @@ func (s *ShareSource) ExtendLease(_ context.Context, msg *ackwise.Message, _ tim
 // Valid reports whether msg is unsettled, the source is open and its
 // acquisition lock has not run out (a renewed lock is reckoned from when the
 // renewal was sent).
+//
+// Of these, only Close is an event the source tells (OnInvalid): msg is
+// settled by the engine's own call, and a lock runs out with time (the
+// engine's heartbeat renews it). A lost share session or membership is no
+// event here: franz-go tells the source of neither (a share group takes no
+// revoke or lost callbacks; the client rejoins on its own), so Valid cannot
+// reflect one (the broker redelivers the records whose locks it dropped).
 func (s *ShareSource) Valid(msg *ackwise.Message) bool {
 	rc, ok := msg.Handle.(*shareReceipt)
 	if !ok || rc.settled.Load() || s.closed.Load() {
@@ -756,12 +767,21 @@ func (s *ShareSource) Valid(msg *ackwise.Message) bool {
 	return !rc.expired(time.Now())
 }
 
+// OnInvalid sets f (adapters.Invalidator), called when Close makes the
+// records in flight no longer Valid: the engine hands back at once those
+// waiting in place (a retry, a failed move), instead of at their timers.
+func (s *ShareSource) OnInvalid(f func()) { s.invalid.OnInvalid(f) }
+
 // Close flushes the acks sent so far and leaves the group; the broker
 // releases records not settled.
 func (s *ShareSource) Close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
+	// Closed under a running engine: its records waiting in place go back
+	// now, and with them the MaxInFlight slots its Receive waits for, to
+	// learn of the close.
+	s.invalid.Invalidated()
 	s.stop()
 	s.renewing.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
