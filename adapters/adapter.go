@@ -153,17 +153,19 @@ type Detacher interface {
 
 // Invalidator is implemented by sources whose deliveries stop being Valid
 // on an event: a Kafka partition revoked, a RabbitMQ channel closed or a
-// delivery held past its ConsumerTimeoutWarn. The engine checks Valid when
-// a message's wait in place ends (a retry in place, a failed move tried
-// again, a held redelivery) and when an open breaker probes with it, and a
-// message stays in flight while it waits or is held: told of the event, it
-// hands back at once the waiting and held messages no longer Valid, so
-// that a revoke waiting for a partition's messages in flight, or the
-// redeliveries of a dead channel's messages queued behind them, do not
-// wait for their timers (up to 5s for a failed move, the whole retry delay
-// for a retry in place, the probe interval for a message the breaker
-// holds). Without it they are handed back when their wait ends or the
-// probe reaches them.
+// delivery held past its ConsumerTimeoutWarn, a Kafka share source or a
+// memory source closed, a memory log partition that changed hands. A lease
+// that runs out is time, not an event: no source tells of it. The engine
+// checks Valid when a message's wait in place ends (a retry in place, a
+// failed move tried again, a held redelivery) and when an open breaker
+// probes with it, and a message stays in flight while it waits or is held:
+// told of the event, it hands back at once the waiting and held messages no
+// longer Valid, so that a revoke waiting for a partition's messages in
+// flight, or the redeliveries of a dead channel's messages queued behind
+// them, do not wait for their timers (up to 5s for a failed move, the whole
+// retry delay for a retry in place, the probe interval for a message the
+// breaker holds). Without it they are handed back when their wait ends or
+// the probe reaches them.
 type Invalidator interface {
 	// OnInvalid sets f, which the source calls each time messages it
 	// delivered stopped being Valid, after Valid began to return false for

@@ -42,9 +42,9 @@
 // lane held and its lease extended, its handler not run again. A message
 // waiting in place (that, or a retry in place) or held by the open breaker
 // that stops being Valid is handed back at once when the source says so
-// (adapters.Invalidator: a Kafka revoke, a dead RabbitMQ channel), else when
-// its wait ends or the probe reaches it; a breaker left holding nothing
-// closes. A message
+// (adapters.Invalidator: a Kafka revoke, a dead RabbitMQ channel, a memory
+// log partition that changes hands), else when its wait ends or the probe
+// reaches it; a breaker left holding nothing closes. A message
 // whose settle failed otherwise (its ack, or a move that took its receipt
 // with it) comes back at once; the engine remembers it by Source and
 // BrokerID and holds each redelivery in place (in flight, its lane held,

@@ -155,7 +155,11 @@
 // group's group.share.delivery.count.limit (5 by default) the broker
 // archives it: neither handled nor dead-lettered, and unseen by ackwise. A
 // dead letter the broker refuses is tried again in place by the engine, the
-// record kept locked, and spends no delivery.
+// record kept locked, and spends no delivery. Closed under a running engine,
+// the share source tells it ([ShareSource.OnInvalid]): records waiting in
+// place go back at once and Run ends, instead of at their timers. Nothing
+// else voids its records as an event (a lock runs out with time; franz-go
+// reports no lost share session), so nothing else is told.
 //
 // # Exactly-once Kafka to Kafka
 //

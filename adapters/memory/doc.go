@@ -22,7 +22,10 @@
 // a consumer group ([Broker.JoinGroup]) share the partitions by range
 // assignment, redone when a member joins, closes or crashes; deliveries of a
 // partition a member lost become invalid (Valid is false, settles fail with
-// adapters.ErrReceiptInvalid). Ack marks a record settled, and the group's
+// adapters.ErrReceiptInvalid), and the member tells the engine at once
+// (adapters.Invalidator, [GroupSource.OnInvalid]), which hands back the
+// messages of that partition waiting in place, as Kafka's revoke does.
+// Ack marks a record settled, and the group's
 // committed offset advances only over a settled prefix (invariant 2), so a
 // new member resumes at the first unsettled record. [Broker.SeekGroup]
 // replays or skips. Nack is not supported on a log (Capabilities.Delay is
