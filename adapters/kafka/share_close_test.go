@@ -39,43 +39,55 @@ func TestShareExtendLeaseAfterClose(t *testing.T) {
 	}
 }
 
-// TestShareCloseEndsWaitInPlace: a share source closed under a running
-// engine tells it (adapters.Invalidator), so the record whose retry waits
-// in place for an hour goes back at once; its MaxInFlight slot is free, the
-// engine's Receive learns of the close and Run ends. Without it Run would
-// wait the hour, its Receive held back by the full slot.
-func TestShareCloseEndsWaitInPlace(t *testing.T) {
+// TestCloseEndsWaitInPlace: a source closed under a running engine tells it
+// (adapters.Invalidator), so the record whose retry waits in place for an
+// hour goes back at once; its MaxInFlight slot is free, the engine's
+// Receive learns of the close and Run ends. Without it Run would wait the
+// hour, its Receive held back by the full slot. For the share source and
+// the consumer-group source.
+func TestCloseEndsWaitInPlace(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t, newCluster(t), 1)
-	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
-	src := openShare(t, cfg)
-	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		return ackwise.RetryAfter(errors.New("429"), time.Hour)
-	})
-	log := make(outcomeLog, 4)
-	cons, err := consumer.New(src, h, consumer.Config{Concurrency: 1, MaxInFlight: 1, Observer: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- cons.Run(ctx) }()
-	if o := awaitOutcome(t, log); o != consumer.Retried {
-		t.Fatalf("outcome %v, want retried", o)
-	}
-	if err := src.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-done:
-		if !errors.Is(err, adapters.ErrClosed) {
-			t.Fatalf("Run = %v, want adapters.ErrClosed", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatalf("Run still waits 15s after Close; stats %+v", cons.Stats())
-	}
-	if st := cons.Stats(); st.InFlight != 0 || st.Retried != 1 || st.Acked+st.DeadLettered != 0 {
-		t.Fatalf("stats %+v: want the record handed back unsettled", st)
+	for _, tc := range []struct {
+		name string
+		open func(*testing.T, Config) adapters.Source
+	}{
+		{"share", func(t *testing.T, cfg Config) adapters.Source { return openShare(t, cfg) }},
+		{"group", func(t *testing.T, cfg Config) adapters.Source { return openSource(t, cfg) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(t, newCluster(t), 1)
+			publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+			src := tc.open(t, cfg)
+			h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+				return ackwise.RetryAfter(errors.New("429"), time.Hour)
+			})
+			log := make(outcomeLog, 4)
+			cons, err := consumer.New(src, h, consumer.Config{Concurrency: 1, MaxInFlight: 1, Observer: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- cons.Run(ctx) }()
+			if o := awaitOutcome(t, log); o != consumer.Retried {
+				t.Fatalf("outcome %v, want retried", o)
+			}
+			if err := src.Close(); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-done:
+				if !errors.Is(err, adapters.ErrClosed) {
+					t.Fatalf("Run = %v, want adapters.ErrClosed", err)
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatalf("Run still waits 15s after Close; stats %+v", cons.Stats())
+			}
+			if st := cons.Stats(); st.InFlight != 0 || st.Retried != 1 || st.Acked+st.DeadLettered != 0 {
+				t.Fatalf("stats %+v: want the record handed back unsettled", st)
+			}
+		})
 	}
 }
