@@ -63,3 +63,40 @@ func TestLostWaitsForCommitInFlight(t *testing.T) {
 		t.Fatal("onLost did not return after the commit in flight was sent")
 	}
 }
+
+// TestLostTellsWithoutLocks: onLost calls the OnInvalid hook after the
+// records of the lost partition stopped being Valid, without holding the
+// source's locks (adapters.Invalidator): before, it held commitMu.
+func TestLostTellsWithoutLocks(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	publishN(t, openSink(t, cfg), 1, func(i int) string { return "k" + strconv.Itoa(i) })
+	src := openSource(t, cfg)
+	m := receiveN(t, src, 1)[0]
+	told := make(chan string, 1)
+	src.OnInvalid(func() {
+		switch {
+		case src.Valid(m):
+			told <- "told while the record is still Valid"
+		case !src.commitMu.TryLock():
+			told <- "told with commitMu held"
+		case !src.rewindMu.TryLock():
+			src.commitMu.Unlock()
+			told <- "told with rewindMu held"
+		default:
+			src.rewindMu.Unlock()
+			src.commitMu.Unlock()
+			told <- ""
+		}
+	})
+	src.onLost(context.Background(), src.Client(), map[string][]int32{cfg.Topic: {0}})
+	select {
+	case msg := <-told:
+		if msg != "" {
+			t.Fatal(msg)
+		}
+	default:
+		t.Fatal("onLost did not tell")
+	}
+}

@@ -356,7 +356,6 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 // the offsets of partitions another member owns by now back to older ones.
 func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
 	s.commitMu.Lock()
-	defer s.commitMu.Unlock()
 	s.rewindMu.Lock()
 	s.mu.Lock()
 	var ps []*partition
@@ -370,7 +369,9 @@ func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int
 	s.dropLocked(cl, ps)
 	s.mu.Unlock()
 	s.rewindMu.Unlock()
+	s.commitMu.Unlock()
 	if len(ps) > 0 {
+		// Without the source's locks, as adapters.Invalidator says.
 		s.invalid.Invalidated()
 	}
 	s.log.Warn("kafka: partitions lost", "group", s.cfg.Group, "partitions", lost)
