@@ -238,15 +238,7 @@ func TestRebalanceEndsWaitInPlace(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			runErr := make(chan error, 1)
-			go func() { runErr <- c.Run(ctx) }()
-			defer func() {
-				cancel()
-				if err := <-runErr; err != nil {
-					t.Errorf("Run: %v", err)
-				}
-			}()
+			runConsumer(t, c)
 
 			wctx, wcancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer wcancel()
@@ -277,3 +269,70 @@ func TestRebalanceEndsWaitInPlace(t *testing.T) {
 type observerFunc func(*ackwise.Message, consumer.Outcome, time.Duration)
 
 func (f observerFunc) Observe(m *ackwise.Message, o consumer.Outcome, d time.Duration) { f(m, o, d) }
+
+// Records an open breaker holds on a log member, probing once an hour on a
+// clock that never moves, are handed back as soon as their partition
+// changes hands (a member joins), observed as Released, and the breaker,
+// left holding nothing, closes: the member goes on with the partition it
+// kept.
+func TestRebalanceEndsBreakerHold(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	topic := "events"
+	if err := tb.b.CreateTopic(topic, memory.TopicConfig{Partitions: 2}); err != nil {
+		t.Fatal(err)
+	}
+	a := tb.member(t, topic, "g") // owns both partitions; partition 1 goes to the next member
+	k0, k1 := keyOn(t, 0, 2), keyOn(t, 1, 2)
+	tb.publish(t, topic, msg("held", k1), msg("behind", k1))
+
+	var down atomic.Bool
+	down.Store(true)
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		if m.ID == "held" && down.Load() {
+			return errors.New("503: dependency down")
+		}
+		return nil
+	})
+	c, err := consumer.New(a, h, consumer.Config{
+		Ordering: consumer.OrderKey, Clock: tb.clk,
+		Breaker: &consumer.Breaker{Threshold: 1, ProbeInterval: time.Hour},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runConsumer(t, c)
+	waitFor := func(what string, ok func(consumer.Stats) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !ok(c.Stats()); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("stats %+v: %s", c.Stats(), what)
+			}
+		}
+	}
+	waitFor("want the first record held by the open breaker", func(s consumer.Stats) bool { return s.Held == 1 && s.Paused })
+	b := tb.member(t, topic, "g")
+	waitFor("want both records of the revoked partition released and the breaker closed", func(s consumer.Stats) bool {
+		return s.Released == 2 && s.InFlight == 0 && !s.Paused && s.Held == 0
+	})
+	if got := ids(recv(t, b, 2)); got[0] != "held" || got[1] != "behind" {
+		t.Fatalf("the new owner received %v, want [held behind]", got)
+	}
+	tb.publish(t, topic, msg("after", k0))
+	waitFor("want the record published after the breaker closed acked", func(s consumer.Stats) bool { return s.Acked == 1 })
+}
+
+// runConsumer runs c until the test ends, then checks that Run returned
+// nil.
+func runConsumer(t *testing.T, c *consumer.Consumer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	runErr := make(chan error, 1)
+	go func() { runErr <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-runErr; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+}
