@@ -398,7 +398,7 @@ func (q *queue) redriveOut(recs []*record) {
 		q.deadLettered++
 		q.record(ev, now)
 		q.wakeLocked()
-		q.unlock() // settling may void a duplicate's twin (none here today: see settleLocked)
+		q.unlock() // as every settle does, though a redriven record has no twin left to void
 	}
 }
 
