@@ -175,6 +175,7 @@ func (c *Consumer) breakerFailure(t task, after time.Duration) bool {
 	}
 	if b.probing == nil {
 		if len(b.held) == 0 {
+			c.log.Info("breaker closed: the message it would hold is no longer this consumer's, nothing to probe with; resuming")
 			c.closeIdleLocked()
 		} else if b.probe == nil {
 			c.scheduleProbe(after)
