@@ -14,9 +14,11 @@ import (
 // have been stored.
 //
 // errors.Is and errors.As see every listed error, and so do
-// [ackwise.ClassOf] and [ackwise.Classify], as of an errors.Join: the
-// error is Permanent when one of the failures is (the first one marked),
-// and Discard only when every failure is discarded.
+// [ackwise.ClassOf] and [ackwise.Classify], as for an errors.Join: the
+// error's class is that of the first failure marked other than Discard
+// (a Permanent failure listed after a RetryAfter one leaves the error
+// rate-limited), and Discard only when every failure is discarded. Read the
+// failures one by one ([PublishFailures]) to act on each.
 type PublishError struct {
 	Failed []PublishFailure
 }
