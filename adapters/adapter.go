@@ -142,9 +142,10 @@ type Recycler interface {
 // as the message is kept. Detach gives msg's Payload memory of its own. The
 // engine calls it when a message starts waiting in place (a retry in place,
 // a failed move tried again, a redelivery held after a failed settle, a
-// message held by the open breaker), which may last long: without it, every waiting message would
-// keep a whole fetch in memory. It is called while no handler runs msg, and
-// must be safe for concurrent use on different messages.
+// message held by the open breaker), which may last long: without it, every
+// waiting message would keep a whole fetch in memory. It is called while no
+// handler runs msg, and must be safe for concurrent use on different
+// messages.
 type Detacher interface {
 	// Detach gives msg memory of its own; it ignores messages this source
 	// did not deliver.

@@ -40,20 +40,21 @@
 // DeadLetter) that fails while the message is still this consumer's is
 // tried again in place, 10ms doubling up to 5s, the message in flight, its
 // lane held and its lease extended, its handler not run again. A message
-// waiting in place (that, or a retry in place) or held by the open breaker
-// that stops being Valid is handed back at once when the source says so
-// (adapters.Invalidator: a Kafka revoke, a dead RabbitMQ channel, a memory
-// log partition that changes hands), else when its wait ends or the probe
-// reaches it; a breaker left holding nothing closes. A message
 // whose settle failed otherwise (its ack, or a move that took its receipt
 // with it) comes back at once; the engine remembers it by Source and
 // BrokerID and holds each redelivery in place (in flight, its lane held,
 // its lease extended, at the same attempt), 10ms doubling per failure in a
 // row up to 5s, so that the redeliveries do not spin. The other messages
-// are not held back. A message without a broker ID (an AMQP message published without a message-id) is recognised
-// by its Source, Key, ID and Payload as received (what the handler changes
-// in the message does not count); two such messages alike in all four
-// count as one.
+// are not held back. A message without a broker ID (an AMQP message
+// published without a message-id) is recognised by its Source, Key, ID and
+// Payload as received (what the handler changes in the message does not
+// count); two such messages alike in all four count as one. A message
+// waiting in place (a failed move, a held redelivery, a retry in place) or
+// held by the open breaker that stops being Valid is handed back at once
+// when the source says so (adapters.Invalidator: a Kafka revoke, a dead
+// RabbitMQ channel, a memory log partition that changes hands), else when
+// its wait ends or the probe reaches it; a breaker left holding nothing
+// closes.
 //
 // The handler pipeline has a fixed order owned by the engine: recover →
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →
