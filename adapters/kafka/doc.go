@@ -49,13 +49,14 @@
 // the rewind fetches it (compaction, retention) is given up with a warning.
 //
 // A revoked partition's records become invalid: [Source.Valid] reports false
-// and a later settle returns an error wrapping [adapters.ErrReceiptInvalid]; records of a revoked partition
-// that were fetched but not yet delivered are dropped, never handed out. On
-// revocation the source first waits up to [Config.RevokeTimeout] for
-// handlers already running on the partition to settle, so that their work is
-// committed rather than repeated by the next owner; records waiting in the
-// engine (a retry in place, a failed move tried again) are handed back at
-// once ([Source.OnInvalid]), not when their waits end. franz-go heartbeats in
+// and a later settle returns an error wrapping [adapters.ErrReceiptInvalid];
+// records of a revoked partition that were fetched but not yet delivered are
+// dropped, never handed out. On revocation the source first waits up to
+// [Config.RevokeTimeout] for handlers already running on the partition to
+// settle, so that their work is committed rather than repeated by the next
+// owner; records waiting in the engine (a retry in place, a failed move
+// tried again, a record held by the open breaker) are handed back at once
+// ([Source.OnInvalid]), not when their waits end. franz-go heartbeats in
 // the background, and a rebalance waits only while a poll's records are
 // filed under their partitions (BlockRebalanceOnPoll) and, on revocation,
 // for at most RevokeTimeout, so a slow handler never gets the member evicted.
@@ -119,11 +120,14 @@
 //
 // [NewSink] publishes with acks=all and idempotent writes (franz-go's
 // defaults; NewSink refuses Config.Options that turn either off), partitions
-// by key, sets ackwise-event-id from Message.ID, and returns produce errors
-// (those retrying cannot cure, such as a record too large, marked
-// ackwise.Permanent);
-// Publish returns when its context ends before the broker confirmed (the
-// records may still be written); Close flushes.
+// by key, sets ackwise-event-id from Message.ID, and reports produce errors
+// per record in an [adapters.PublishError] (those retrying cannot cure, such
+// as a record too large, marked ackwise.Permanent; Kafka refuses a
+// partition's batch as a whole, so the records batched with it fail too).
+// Publish returns when its context ends before the broker confirmed, listing
+// the records still unconfirmed with ctx's error (they may still be
+// written). Close flushes; a record it fails, as a Publish after it,
+// matches adapters.ErrClosed.
 //
 // # Share groups
 //

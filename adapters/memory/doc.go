@@ -13,7 +13,11 @@
 // to the dead-letter queue instead of delivering it once more (SQS's
 // maxReceiveCount). Several sources on one queue are competing consumers. A
 // FIFO queue ([QueueConfig.FIFO]) keeps at most one message per key in
-// flight and delivers each key's messages in publish order.
+// flight and delivers each key's messages in publish order. A source tells
+// the engine (adapters.Invalidator, [QueueSource.OnInvalid]) when its
+// deliveries stop being Valid on an event: it closes or crashes, or a
+// duplicate delivery is settled through its twin; a lease that runs out is
+// not told.
 //
 // # Logs (like Kafka)
 //
@@ -23,12 +27,13 @@
 // assignment, redone when a member joins, closes or crashes; deliveries of a
 // partition a member lost become invalid (Valid is false, settles fail with
 // adapters.ErrReceiptInvalid), and the member tells the engine at once
-// (adapters.Invalidator, [GroupSource.OnInvalid]), which hands back the
-// messages of that partition waiting in place, as Kafka's revoke does.
-// Ack marks a record settled, and the group's
-// committed offset advances only over a settled prefix (invariant 2), so a
-// new member resumes at the first unsettled record. [Broker.SeekGroup]
-// replays or skips. Nack is not supported on a log (Capabilities.Delay is
+// (adapters.Invalidator, [GroupSource.OnInvalid]; so it does when SeekGroup
+// resets one of its partitions or it closes or crashes), which hands back
+// the messages of that partition waiting in place or held by the open
+// breaker, as Kafka's revoke does. Ack marks a record settled, and the
+// group's committed offset advances only over a settled prefix (invariant
+// 2), so a new member resumes at the first unsettled record.
+// [Broker.SeekGroup] replays or skips. Nack is not supported on a log (Capabilities.Delay is
 // false: the engine retries in place); DeadLetter writes to "<topic>.dlq".
 //
 // # Time
@@ -46,8 +51,11 @@
 // turns it into one-line assertions. [Broker.InjectFault] and the sources'
 // InjectFault inject deterministic faults ([Fault]): a crash between handler
 // and ack, a lost ack, a failed ack, a duplicate delivery, a reordered batch,
-// a failed or hung publish. [Broker.Outage] makes the broker unavailable for
-// a window of clock time.
+// a failed or hung publish. A [Sink] reports a failed or hung publish per
+// message, as the Kafka and RabbitMQ sinks do: an adapters.PublishError
+// lists the matching message with the fault's error and the later ones as
+// not attempted. [Broker.Outage] makes the broker unavailable for a window
+// of clock time.
 //
 // # Cost
 //

@@ -118,19 +118,22 @@
 // The sink, and the source's moves, publish with publisher confirms always
 // on, the mandatory flag and delivery mode persistent. A Publish call writes
 // its batch at once and awaits its confirms together; concurrent calls share
-// the channel, so confirms are pipelined. A message no queue takes comes
-// back with basic.return and fails the call with ErrUnroutable (it is never
-// dropped quietly); a basic.nack fails it with ErrNacked. Returns are matched
-// to messages by message-id, exchange and routing key; the sink's
-// message-id is the event ID (a unique one when there is none), but on a
-// redriven dead letter, which keeps its own. The copy dlq.Redrive publishes of a dead
-// letter a Source delivered keeps the dead letter's AMQP properties (but
-// expiration and user-id), its message-id and its header value types; see
-// [Sink.Publish]. The sink marks a publish the broker refused
-// by closing the channel (404, 403, 406) ackwise.Permanent. AMQP does not
-// say which message of the channel was refused, so the unconfirmed messages
-// are then sent again each alone on a channel of its own: only the refused
-// one fails, not the other calls that shared the channel.
+// the channel, so confirms are pipelined. Each message has its own outcome
+// (the sink reports them in an [adapters.PublishError]): a message no queue
+// takes comes back with basic.return and fails with ErrUnroutable (it is
+// never dropped quietly); a basic.nack fails it with ErrNacked, read from
+// the message's own deferred confirmation, so a nack a later multiple ack
+// spans still counts. Returns are matched to messages by message-id,
+// exchange and routing key; the sink's message-id is the event ID (a unique
+// one when there is none), but on a redriven dead letter, which keeps its
+// own. The copy dlq.Redrive publishes of a dead letter a Source delivered
+// keeps the dead letter's AMQP properties (but expiration and user-id), its
+// message-id and its header value types; see [Sink.Publish]. The sink marks
+// a publish the broker refused by closing the channel (404, 403, 406)
+// ackwise.Permanent. AMQP does not say which message of the channel was
+// refused, so the unconfirmed messages are then sent again each alone on a
+// channel of its own: only the refused one fails, not the others of its
+// call nor the other calls that shared the channel.
 //
 // Headers named CC and BCC (in capitals, as RabbitMQ matches them) are
 // RabbitMQ's sender-selected distribution: routing keys the message is
