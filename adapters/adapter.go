@@ -171,8 +171,8 @@ type Invalidator interface {
 	// OnInvalid sets f, which the source calls each time messages it
 	// delivered stopped being Valid, after Valid began to return false for
 	// them (a message that stopped being Valid never is again). The source
-	// calls f without holding its own locks; f may call Valid, and returns
-	// quickly without waiting on the source. A later call replaces f; nil
+	// calls f without holding its own locks; f may call Valid, and must
+	// return quickly without waiting on the source. A later call replaces f; nil
 	// removes it. The engine sets it when Run starts.
 	OnInvalid(f func())
 }
