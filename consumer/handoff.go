@@ -255,12 +255,18 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint6
 		}
 		ln := c.laneOf(m)
 		if ln != nil && ln.returnedAt > epoch {
-			if c.idOf(task{msg: m}) != ln.returned {
+			switch {
+			case c.idOf(task{msg: m}) == ln.returned:
+				ln.returnedAt = 0 // the redelivery itself: it runs first
+			case !ln.busy:
 				c.inflight--
 				late = append(late, m)
 				continue
 			}
-			ln.returnedAt = 0 // the redelivery itself: it runs first
+			// Busy, the lane is still releasing the messages queued
+			// behind the returned one (releaseLane): queued behind them
+			// (below), it goes back after them, in key order. Released
+			// here, it could reach the broker before them.
 		}
 		if c.heartbeat {
 			c.leases[m] = now

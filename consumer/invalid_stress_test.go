@@ -168,7 +168,13 @@ func TestLostReceiptsAtRandom(t *testing.T) {
 				}
 				fate[e.msg] = e.kind
 				if i, ok := last[e.msg.Key]; ok && i > index[e.msg] {
-					t.Fatalf("key %s: %s got its fate (%s) after %s", e.msg.Key, e.msg.ID, e.kind, ms[i].ID)
+					var tr []string
+					for _, x := range src.events {
+						if x.msg.Key == e.msg.Key {
+							tr = append(tr, x.msg.ID+":"+x.kind)
+						}
+					}
+					t.Fatalf("key %s: %s got its fate (%s) after %s (%s); key trace %v", e.msg.Key, e.msg.ID, e.kind, ms[i].ID, fate[ms[i]], tr)
 				}
 				last[e.msg.Key] = index[e.msg]
 			}

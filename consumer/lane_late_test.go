@@ -13,6 +13,11 @@ import (
 	"github.com/ackwise/ackwise/consumer"
 )
 
+// laneMsg is a first delivery of key k with broker ID bid.
+func laneMsg(id, bid string) *ackwise.Message {
+	return &ackwise.Message{ID: id, Key: "k", Source: "q", BrokerID: bid, Partition: -1, Offset: -1, Attempt: 1}
+}
+
 // gatedSource holds the Receive that returns the message gate, until
 // proceed is closed; got is closed when it has it.
 type gatedSource struct {
@@ -135,11 +140,8 @@ func (s *relayRace) Release(ctx context.Context, m *ackwise.Message) error {
 // key, the redelivery of m4 released behind m12).
 func TestRedeliveryReleasedBehindItsLaneDoesNotLoseItsPlace(t *testing.T) {
 	t.Parallel()
-	msg := func(id, bid string) *ackwise.Message {
-		return &ackwise.Message{ID: id, Key: "k", Source: "q", BrokerID: bid, Partition: -1, Offset: -1, Attempt: 1}
-	}
 	src := &relayRace{
-		refusingDLQ: refusingDLQ{newFakeSource(adapters.Capabilities{}, msg("first", "q/1"), msg("second", "q/2")), true},
+		refusingDLQ: refusingDLQ{newFakeSource(adapters.Capabilities{}, laneMsg("first", "q/1"), laneMsg("second", "q/2")), true},
 		dispatched:  make(chan struct{}), secondAgain: make(chan struct{}), proceed: make(chan struct{}),
 	}
 	var mu sync.Mutex
@@ -188,5 +190,112 @@ func requireFirstThenSecond(t *testing.T, c *consumer.Consumer, stop func() erro
 	defer mu.Unlock()
 	if !slices.Equal(*done, []string{"first", "second"}) {
 		t.Fatalf("key k's effects in the order %v: want first (its redelivery), then second", *done)
+	}
+}
+
+// releaseOrder is a refusingDLQ (no redeliveries) that records the order of
+// its releases, holds the Receive that returns "third" until proceed, and
+// holds the release of "second" until a Receive begins after "third" was
+// returned (so "third" was dispatched meanwhile).
+type releaseOrder struct {
+	refusingDLQ
+	mu            sync.Mutex
+	released      []string
+	thirdOut      bool
+	got, proceed  chan struct{} // "third" is in a Receive's hands; let it return
+	releasing     chan struct{} // the release of "second" began
+	dispatched    chan struct{} // a Receive began after "third" was returned
+	once1, once2  sync.Once
+	onceReleasing sync.Once
+}
+
+func (s *releaseOrder) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	s.mu.Lock()
+	if s.thirdOut {
+		s.once1.Do(func() { close(s.dispatched) })
+	}
+	s.mu.Unlock()
+	n, err := s.refusingDLQ.Receive(ctx, buf)
+	for _, m := range buf[:n] {
+		if m.ID == "third" {
+			s.once2.Do(func() {
+				close(s.got)
+				<-s.proceed
+			})
+			s.mu.Lock()
+			s.thirdOut = true
+			s.mu.Unlock()
+		}
+	}
+	return n, err
+}
+
+func (s *releaseOrder) Release(ctx context.Context, m *ackwise.Message) error {
+	if m.ID == "second" {
+		s.onceReleasing.Do(func() { close(s.releasing) })
+		<-s.dispatched
+	}
+	s.mu.Lock()
+	s.released = append(s.released, m.ID)
+	s.mu.Unlock()
+	return s.refusingDLQ.Release(ctx, m)
+}
+
+// A message goes back to the broker (its dead letter failed) while another
+// message of its key waits behind it; a third message of the key, received
+// before that but dispatched while the one behind is still being released,
+// must go back after it, not before: a queue broker redelivers in the order
+// of the releases. Before, dispatch released it at once, beside the lane's
+// release, and it could reach the broker first (found by
+// TestLostReceiptsAtRandom: e53 released before e35, e41 and e47 of its key).
+func TestLateMessageReleasedAfterItsLane(t *testing.T) {
+	t.Parallel()
+	src := &releaseOrder{
+		refusingDLQ: refusingDLQ{newFakeSource(adapters.Capabilities{}, laneMsg("first", "q/1"), laneMsg("second", "q/2")), false},
+		got:         make(chan struct{}), proceed: make(chan struct{}),
+		releasing: make(chan struct{}), dispatched: make(chan struct{}),
+	}
+	defer func() {
+		select {
+		case <-src.proceed:
+		default:
+			close(src.proceed)
+		}
+	}()
+	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		if m.ID == "first" {
+			<-src.got // "third" is received, not yet dispatched
+			return ackwise.Permanent(errors.New("invalid order"))
+		}
+		return nil
+	}), consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer.PinPace(c, "single") // handlers on workers: the receive loop goes on receiving
+	stop := run(t, c)
+	// "first" runs, "second" waits behind it; the next Receive returns
+	// "third" and waits.
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.InFlight == 2 }) {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	src.push(laneMsg("third", "q/3"))
+	// "first" went back, and the release of "second" began.
+	select {
+	case <-src.releasing:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("second never released: %+v", c.Stats())
+	}
+	close(src.proceed) // "third" is dispatched now, the lane still releasing
+	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.InFlight == 0 }) {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	src.mu.Lock()
+	defer src.mu.Unlock()
+	if !slices.Equal(src.released, []string{"first", "second", "third"}) {
+		t.Fatalf("released %v, want first, second, third: key k's order", src.released)
 	}
 }
