@@ -244,10 +244,11 @@ func (s *releaseOrder) Release(ctx context.Context, m *ackwise.Message) error {
 // A message goes back to the broker (its dead letter failed) while another
 // message of its key waits behind it; a third message of the key, received
 // before that but dispatched while the one behind is still being released,
-// must go back after it, not before: a queue broker redelivers in the order
-// of the releases. Before, dispatch released it at once, beside the lane's
-// release, and it could reach the broker first (found by
-// TestLostReceiptsAtRandom: e53 released before e35, e41 and e47 of its key).
+// must go back after it, not before: a queue that puts a released message
+// at the back redelivers in the order of the releases. Before, dispatch
+// released it at once, beside the lane's release, and it could reach the
+// broker first (found by TestLostReceiptsAtRandom: e53 released before e35,
+// e41 and e47 of its key).
 func TestLateMessageReleasedAfterItsLane(t *testing.T) {
 	t.Parallel()
 	src := &releaseOrder{
