@@ -69,12 +69,18 @@ func (l validLog) next(t *testing.T) seenOutcome {
 // the message still valid, each failing with ErrUnroutable.
 func awaitFailedTries(t *testing.T, log validLog, errs chan error, n int) {
 	t.Helper()
+	awaitFailedTriesWith(t, log, errs, n, ErrUnroutable)
+}
+
+// awaitFailedTriesWith is awaitFailedTries with each try failing with want.
+func awaitFailedTriesWith(t *testing.T, log validLog, errs chan error, n int, want error) {
+	t.Helper()
 	for i := range n {
 		if s := log.next(t); s.o != consumer.SettleFailed || !s.valid {
 			t.Fatalf("try %d: outcome %v (valid %v), want settle-failed with the delivery still valid", i+1, s.o, s.valid)
 		}
-		if err := <-errs; !errors.Is(err, ErrUnroutable) {
-			t.Fatalf("try %d: move failed with %v, want ErrUnroutable", i+1, err)
+		if err := <-errs; !errors.Is(err, want) {
+			t.Fatalf("try %d: move failed with %v, want %v", i+1, err, want)
 		}
 	}
 }
@@ -168,6 +174,16 @@ func TestDeadLetterQueueGoneWaitsInPlace(t *testing.T) {
 		t.Fatalf("while the dead letter fails: %d ready in the work queue, %d handler runs; want 0 (held, not requeued) and 1", n, runs.Load())
 	}
 	declare(t, cfg)
+	requireDeadLetteredOnce(t, c, cfg, v, src, log, stop, &runs)
+}
+
+// requireDeadLetteredOnce waits, once the dead-letter queue can take the
+// dead letter, for the move to go through (each try before it failed in
+// place, the delivery valid), stops the engine and closes src, then checks
+// that the handler ran once, the original was acked and the dead-letter
+// queue holds the one dead letter of moveOutage's message.
+func requireDeadLetteredOnce(t *testing.T, c *amqp.Connection, cfg Config, v validated, src *movesSeen, log validLog, stop func() (error, time.Duration), runs *atomic.Int32) {
+	t.Helper()
 	for s := log.next(t); s.o != consumer.DeadLettered; s = log.next(t) {
 		if s.o != consumer.SettleFailed || !s.valid {
 			t.Fatalf("outcome %v (valid %v) before the dead letter was written", s.o, s.valid)
