@@ -705,7 +705,9 @@ func (q *queue) deliverLocked(rec *record, s *QueueSource, now int64) *delivery 
 	rec.receives++
 	rec.state = stInFlight
 	gen := rec.gen.Add(1)
-	rec.twin = nil // a duplicate of an earlier delivery was voided with it
+	if rec.twin != nil {
+		rec.twin = nil // a duplicate of an earlier delivery was voided with it
+	}
 	rec.leaseUntil.Store(deadline(now, q.cfg.Lease))
 	q.inflight.push(rec)
 	var d *delivery
