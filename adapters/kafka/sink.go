@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -31,16 +34,30 @@ var _ adapters.Sink = (*Sink)(nil)
 
 // NewSink returns a sink on cfg.Topic once a broker answered. Only Brokers,
 // Topic, TLS, SASL, ClientID, Logger and Options of cfg are used.
+//
+// It reads the topic's max.message.bytes (when it can: the topic exists and
+// DescribeConfigs is allowed) and batches records under it, so that the
+// broker never refuses a batch of records that each fit: franz-go batches up
+// to 1,000,012 bytes a partition, and does not split a refused batch. A
+// limit lowered later is not followed (a batch over it is refused as a
+// whole, see Publish); kgo.ProducerBatchMaxBytes in Options overrides it.
+// franz-go measures a record before compression: one over the limit that
+// would compress under it is refused too.
 func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
+	batchMax := new(atomic.Int32)
+	batchMax.Store(defaultBatchMax)
 	opts := append(cfg.clientOpts(),
 		kgo.DefaultProduceTopic(cfg.Topic),
 		// Key -> partition with the Java client's hashing, so that other
 		// producers of the same keys agree on partitions.
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
+		// Read when the client first produces to a partition: after
+		// NewSink stored the topic's limit.
+		kgo.ProducerBatchMaxBytesFn(func(string) int32 { return batchMax.Load() }),
 	)
 	opts = append(opts, cfg.Options...)
 	cl, err := kgo.NewClient(opts...)
@@ -57,7 +74,34 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
+	if n, ok := topicMaxMessageBytes(ctx, cl, cfg.Topic); ok {
+		batchMax.Store(n)
+	}
 	return &Sink{cfg: cfg, cl: cl, closeFlushTimeout: 30 * time.Second}, nil
+}
+
+// defaultBatchMax is franz-go's default largest record batch, Kafka's
+// default max.message.bytes.
+const defaultBatchMax = 1000012
+
+// topicMaxMessageBytes returns topic's max.message.bytes, if the broker
+// tells it and franz-go takes it as a batch limit ([512, 1<<30]).
+func topicMaxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) (int32, bool) {
+	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, topic)
+	if err != nil || len(rcs) != 1 || rcs[0].Err != nil {
+		return 0, false
+	}
+	for _, c := range rcs[0].Configs {
+		if c.Key != "max.message.bytes" || c.Value == nil {
+			continue
+		}
+		n, err := strconv.ParseInt(*c.Value, 10, 32)
+		if err != nil || n < 512 || n > 1<<30 {
+			return 0, false
+		}
+		return int32(n), true
+	}
+	return 0, false
 }
 
 // weakerProduce reports Config.Options that turned off idempotent writes or
@@ -92,7 +136,9 @@ func (s *Sink) Client() *kgo.Client { return s.cl }
 //
 // Kafka refuses a batch of records of one partition as a whole: a record
 // too large for the broker fails the records that franz-go batched with it
-// (same partition, same moment) with the same error.
+// (same partition, same moment) with the same error. Under the
+// max.message.bytes NewSink read, a record too large fails alone, before it
+// is sent.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if len(msgs) == 0 {
 		if s.isClosed() {

@@ -130,21 +130,15 @@ func TestSinkReportsRecordTooLarge(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	const limit = 1024
-	set := []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: kadm.StringPtr(strconv.Itoa(limit))}}
-	resp, err := kadm.NewClient(sink.Client()).AlterTopicConfigs(ctx, set, cfg.Topic)
-	if err == nil {
-		err = resp[0].Err
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	// Set after NewSink read the topic's limit: the broker refuses.
+	setMaxMessageBytes(ctx, t, brokers, cfg.Topic, limit)
 	small, big := keysOnTwoPartitions(t, cfg.Topic)
 	msgs := []*ackwise.Message{
 		{ID: "ok-0", Key: small, Payload: []byte("a")},
 		{ID: "big", Key: big, Payload: incompressible(4 * limit)},
 		{ID: "ok-2", Key: small, Payload: []byte("b")},
 	}
-	err = sink.Publish(ctx, msgs...)
+	err := sink.Publish(ctx, msgs...)
 	pe, ok := errors.AsType[*adapters.PublishError](err)
 	if !ok || len(pe.Failed) != 1 || pe.Failed[0].Index != 1 {
 		t.Fatalf("Publish = %v, want an adapters.PublishError listing msgs[1] alone", err)
@@ -161,6 +155,57 @@ func TestSinkReportsRecordTooLarge(t *testing.T) {
 	}
 	if g := strings.Join(got, ","); g != "ok-0,ok-2" {
 		t.Fatalf("stored %s, want ok-0,ok-2", g)
+	}
+}
+
+// TestSinkBatchesUnderTopicLimit: records that each fit under the topic's
+// max.message.bytes are confirmed, however many are published at once. The
+// sink batches under the limit it read at NewSink; before, franz-go batched
+// up to 1MB a partition, the broker refused the batch (MESSAGE_TOO_LARGE)
+// and every record of it was reported refused for good (ackwise.Permanent),
+// though each fits. A record over the limit fails alone.
+func TestSinkBatchesUnderTopicLimit(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	cfg := testConfig(t, brokers, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const limit = 2048
+	setMaxMessageBytes(ctx, t, brokers, cfg.Topic, limit)
+	sink := openSink(t, cfg)
+	var msgs []*ackwise.Message
+	for i := range 40 {
+		msgs = append(msgs, &ackwise.Message{ID: "m" + strconv.Itoa(i), Key: "k", Payload: incompressible(limit / 10)})
+	}
+	msgs[20].Payload = incompressible(limit + 1)
+	err := sink.Publish(ctx, msgs...)
+	pe, ok := errors.AsType[*adapters.PublishError](err)
+	if !ok || len(pe.Failed) != 1 || pe.Failed[0].Index != 20 {
+		t.Fatalf("Publish = %v, want an adapters.PublishError listing msgs[20] alone", err)
+	}
+	if f := pe.Failed[0].Err; !errors.Is(f, kerr.MessageTooLarge) || ackwise.ClassOf(f) != ackwise.ClassPermanent {
+		t.Fatalf("msgs[20]: %v (class %v), want a permanent MESSAGE_TOO_LARGE", f, ackwise.ClassOf(f))
+	}
+	if n := len(readAll(ctx, t, brokers, cfg.Topic)); n != len(msgs)-1 {
+		t.Fatalf("%d records stored, want %d", n, len(msgs)-1)
+	}
+}
+
+// setMaxMessageBytes sets topic's max.message.bytes.
+func setMaxMessageBytes(ctx context.Context, t testing.TB, brokers []string, topic string, n int) {
+	t.Helper()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	set := []kadm.AlterConfig{{Op: kadm.SetConfig, Name: "max.message.bytes", Value: kadm.StringPtr(strconv.Itoa(n))}}
+	resp, err := kadm.NewClient(cl).AlterTopicConfigs(ctx, set, topic)
+	if err == nil {
+		err = resp[0].Err
+	}
+	if err != nil {
+		t.Fatalf("set max.message.bytes of %s: %v", topic, err)
 	}
 }
 
