@@ -77,10 +77,11 @@ func openSink(t testing.TB, cfg Config) *Sink {
 }
 
 // readAll reads every record of topic up to its current end, with a client
-// outside any group.
-func readAll(ctx context.Context, t testing.TB, brokers []string, topic string) []*kgo.Record {
+// outside any group, configured further by opts. Each offset below the end
+// must hold a record (no transaction markers: see readIsolated).
+func readAll(ctx context.Context, t testing.TB, brokers []string, topic string, opts ...kgo.Opt) []*kgo.Record {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()))
+	cl, err := kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic), kgo.ConsumeResetOffset(kgo.NewOffset().AtStart())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
