@@ -75,6 +75,11 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
 	if n, ok := topicMaxMessageBytes(ctx, cl, cfg.Topic); ok {
+		// Never above what the client writes to a broker at once (it
+		// checks that only for the limit it was made with).
+		if w, ok := cl.OptValue(kgo.BrokerMaxWriteBytes).(int32); ok && w > 0 {
+			n = min(n, w)
+		}
 		batchMax.Store(n)
 	}
 	return &Sink{cfg: cfg, cl: cl, closeFlushTimeout: 30 * time.Second}, nil
