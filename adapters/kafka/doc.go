@@ -122,8 +122,9 @@
 // defaults; NewSink refuses Config.Options that turn either off), partitions
 // by key, sets ackwise-event-id from Message.ID, and reports produce errors
 // per record in an [adapters.PublishError] (those retrying cannot cure, such
-// as a record too large, marked ackwise.Permanent; Kafka refuses a
-// partition's batch as a whole, so the records batched with it fail too).
+// as a record too large, marked ackwise.Permanent; NewSink batches under
+// the topic's max.message.bytes, so such a record fails alone, though a
+// batch over a limit lowered later is refused as a whole).
 // Publish returns when its context ends before the broker confirmed, listing
 // the records still unconfirmed with ctx's error (they may still be
 // written). Close flushes; a record it fails, as a Publish after it,
