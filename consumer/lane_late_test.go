@@ -13,6 +13,19 @@ import (
 	"github.com/ackwise/ackwise/consumer"
 )
 
+// runOnWorkers runs a consumer of src with handler h on workers (pace
+// pinned to single), so that the receive loop goes on receiving while
+// handlers run, and returns it with its stop.
+func runOnWorkers(t *testing.T, src adapters.Source, h ackwise.Handler) (*consumer.Consumer, func() error) {
+	t.Helper()
+	c, err := consumer.New(src, h, consumer.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consumer.PinPace(c, "single")
+	return c, run(t, c)
+}
+
 // laneMsg is a first delivery of key k with broker ID bid.
 func laneMsg(id, bid string) *ackwise.Message {
 	return &ackwise.Message{ID: id, Key: "k", Source: "q", BrokerID: bid, Partition: -1, Offset: -1, Attempt: 1}
@@ -55,7 +68,7 @@ func TestMessageReceivedBeforeLaneReleaseDoesNotOvertake(t *testing.T) {
 	var mu sync.Mutex
 	var done []string // successful runs, in order
 	started := make(chan struct{})
-	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+	c, stop := runOnWorkers(t, src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
 		if m.ID == "first" && m.Attempt == 1 {
 			close(started)
 			<-src.got // "second" is received, not yet dispatched
@@ -65,12 +78,7 @@ func TestMessageReceivedBeforeLaneReleaseDoesNotOvertake(t *testing.T) {
 		done = append(done, m.ID)
 		mu.Unlock()
 		return nil
-	}), consumer.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	consumer.PinPace(c, "single") // handlers on workers: the receive loop goes on receiving
-	stop := run(t, c)
+	}))
 	select {
 	case <-started:
 	case <-time.After(5 * time.Second):
@@ -146,7 +154,7 @@ func TestRedeliveryReleasedBehindItsLaneDoesNotLoseItsPlace(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var done []string // successful runs, in order
-	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+	c, stop := runOnWorkers(t, src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
 		if m.ID == "first" && m.Attempt == 1 {
 			return ackwise.Permanent(errors.New("invalid order"))
 		}
@@ -154,12 +162,7 @@ func TestRedeliveryReleasedBehindItsLaneDoesNotLoseItsPlace(t *testing.T) {
 		done = append(done, m.ID)
 		mu.Unlock()
 		return nil
-	}), consumer.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	consumer.PinPace(c, "single") // handlers on workers: the receive loop goes on receiving
-	stop := run(t, c)
+	}))
 	select {
 	case <-src.secondAgain:
 	case <-time.After(5 * time.Second):
@@ -263,18 +266,13 @@ func TestLateMessageReleasedAfterItsLane(t *testing.T) {
 			close(src.proceed)
 		}
 	}()
-	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+	c, stop := runOnWorkers(t, src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
 		if m.ID == "first" {
 			<-src.got // "third" is received, not yet dispatched
 			return ackwise.Permanent(errors.New("invalid order"))
 		}
 		return nil
-	}), consumer.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	consumer.PinPace(c, "single") // handlers on workers: the receive loop goes on receiving
-	stop := run(t, c)
+	}))
 	// "first" runs, "second" waits behind it; the next Receive returns
 	// "third" and waits.
 	if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.InFlight == 2 }) {
