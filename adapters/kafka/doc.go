@@ -124,7 +124,9 @@
 // per record in an [adapters.PublishError] (those retrying cannot cure, such
 // as a record too large, marked ackwise.Permanent; NewSink batches under
 // the topic's max.message.bytes, so such a record fails alone, though a
-// batch over a limit lowered later is refused as a whole).
+// batch over a limit lowered later is refused as a whole; the sources
+// batch their retry moves and dead letters under their topics' limits the
+// same way).
 // Publish returns when its context ends before the broker confirmed, listing
 // the records still unconfirmed with ctx's error (they may still be
 // written). Close flushes; a record it fails, as a Publish after it,

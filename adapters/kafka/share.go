@@ -179,7 +179,9 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 	if cfg.PollBatch > 0 {
 		batch = int32(min(cfg.PollBatch, 1<<30))
 	}
+	limits := new(batchLimits) // of the dead-letter topic
 	opts := append(cfg.clientOpts(),
+		limits.opt(),
 		kgo.ShareGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topic),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
@@ -213,6 +215,7 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 		cl.Close()
 		return nil, err
 	}
+	limits.read(ctx, cl, cfg.DeadLetterTopic)
 	lease, err := shareLockDuration(ctx, cl, cfg.Group)
 	if err != nil {
 		cfg.Logger.Warn("kafka: cannot read the share group's record lock duration; assuming the broker default",

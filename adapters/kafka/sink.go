@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -48,16 +45,13 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 	if err := cfg.validate(false); err != nil {
 		return nil, err
 	}
-	batchMax := new(atomic.Int32)
-	batchMax.Store(defaultBatchMax)
+	limits := new(batchLimits)
 	opts := append(cfg.clientOpts(),
 		kgo.DefaultProduceTopic(cfg.Topic),
 		// Key -> partition with the Java client's hashing, so that other
 		// producers of the same keys agree on partitions.
 		kgo.RecordPartitioner(kgo.StickyKeyPartitioner(nil)),
-		// Read when the client first produces to a partition: after
-		// NewSink stored the topic's limit.
-		kgo.ProducerBatchMaxBytesFn(func(string) int32 { return batchMax.Load() }),
+		limits.opt(),
 	)
 	opts = append(opts, cfg.Options...)
 	cl, err := kgo.NewClient(opts...)
@@ -74,39 +68,8 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
-	if n, ok := topicMaxMessageBytes(ctx, cl, cfg.Topic); ok {
-		// Never above what the client writes to a broker at once (it
-		// checks that only for the limit it was made with).
-		if w, ok := cl.OptValue(kgo.BrokerMaxWriteBytes).(int32); ok && w > 0 {
-			n = min(n, w)
-		}
-		batchMax.Store(n)
-	}
+	limits.read(ctx, cl, cfg.Topic)
 	return &Sink{cfg: cfg, cl: cl, closeFlushTimeout: 30 * time.Second}, nil
-}
-
-// defaultBatchMax is franz-go's default largest record batch, Kafka's
-// default max.message.bytes.
-const defaultBatchMax = 1000012
-
-// topicMaxMessageBytes returns topic's max.message.bytes, if the broker
-// tells it and franz-go takes it as a batch limit ([512, 1<<30]).
-func topicMaxMessageBytes(ctx context.Context, cl *kgo.Client, topic string) (int32, bool) {
-	rcs, err := kadm.NewClient(cl).DescribeTopicConfigs(ctx, topic)
-	if err != nil || len(rcs) != 1 || rcs[0].Err != nil {
-		return 0, false
-	}
-	for _, c := range rcs[0].Configs {
-		if c.Key != "max.message.bytes" || c.Value == nil {
-			continue
-		}
-		n, err := strconv.ParseInt(*c.Value, 10, 32)
-		if err != nil || n < 512 || n > 1<<30 {
-			return 0, false
-		}
-		return int32(n), true
-	}
-	return 0, false
 }
 
 // weakerProduce reports Config.Options that turned off idempotent writes or

@@ -159,7 +159,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if n := len(cfg.RetryTiers); n > 0 {
 		s.caps.MaxDelay = cfg.RetryTiers[n-1]
 	}
+	limits := new(batchLimits) // of the retry and dead-letter topics
 	opts := append(cfg.clientOpts(),
+		limits.opt(),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(topics...),
 		kgo.DisableAutoCommit(),
@@ -217,6 +219,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		cl.Close()
 		return nil, err
 	}
+	limits.read(ctx, cl, append(cfg.retryTopics(), cfg.DeadLetterTopic)...)
 	s.cl = cl
 	go s.committer()
 	return s, nil
