@@ -21,11 +21,11 @@ func TestDeadLetterTableDropsSecretHeaders(t *testing.T) {
 		"x-api-key":     []byte("k3y"),
 		"COOKIE":        "session=abc",
 		"x-tenant":      "acme",
-		"x-death":       []any{amqp.Table{"queue": "q", "count": int64(1)}},
+		"x-death":       []any{wellFormedDeath("q.wait.1s", "expired", 1)},
 	}
 	msg := &ackwise.Message{ID: "e1", Headers: fromTable(orig), Partition: -1, Offset: -1}
 	env := dlq.New(msg, dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "c", "")
-	got := deadLetterTable(orig, msg.Headers, env)
+	got := deadLetterTable(orig, msg.Headers, env, true) // a return from a wait queue
 	for k := range got {
 		if dlq.IsSecretHeader(k) {
 			t.Errorf("dead letter kept credential header %s = %v", k, got[k])

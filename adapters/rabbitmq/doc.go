@@ -64,15 +64,19 @@
 //   - Nack(msg, delay) publishes a copy to the wait queue of the smallest
 //     tier at least delay long (the largest tier for longer delays), waits
 //     for the publisher confirm, then acks the original (move before ack).
-//     The copy keeps the payload byte for byte and every header (x-death
-//     included) but x-delivery-count and the CC/BCC routing headers (which
-//     would route the copy to more queues; RabbitMQ's own dead-lettering
-//     drops them too), sets ackwise-attempt = Attempt+1 and ackwise-first-failure
-//     (if missing), keeps the properties but expiration and user-id, and is
-//     persistent.
+//     The copy keeps the payload byte for byte and every header but
+//     x-delivery-count and the CC/BCC routing headers (which would route
+//     the copy to more queues; RabbitMQ's own dead-lettering drops them
+//     too), sets ackwise-attempt = Attempt+1 and ackwise-first-failure (the
+//     first failure's time), keeps the properties but expiration and
+//     user-id, and is persistent. The x-death history and its
+//     x-first-death-* and x-last-death-* summaries travel only on a
+//     return from a wait queue (see Attempts); a first delivery's are a
+//     producer's, and are left out.
 //   - DeadLetter publishes the same kind of copy to the dead-letter queue
-//     with the dlq.Envelope headers added (an earlier envelope replaced),
-//     waits for the confirm, then acks the original.
+//     with the dlq.Envelope headers added (an earlier envelope replaced)
+//     and ackwise-attempt = Attempt, waits for the confirm, then acks the
+//     original.
 //   - A copy keeps the event ID its delivery had, or its lack of one.
 //     Message.ID is the ackwise-event-id header, else the message-id. A
 //     copy of a delivery without a message-id needs one (returns are
@@ -93,25 +97,49 @@
 //
 // Message.Attempt is 1 on a first delivery and counts as follows:
 //
-//   - the base is the ackwise-attempt header, which Nack sets on the copy it
-//     moves through a wait queue; without it, 1 plus the x-death counts of Q
-//     and its wait queues (messages retried by other means);
-//   - on a quorum queue, plus x-delivery-count: the broker counts every
-//     earlier delivery of this copy, so a crash or a Release counts and the
-//     count survives consumer restarts (Capabilities.DeliveryCount);
-//   - on a classic queue, which keeps no count, plus one when the
-//     redelivered flag is set. This is a lower bound: a message redelivered
-//     after several crashes counts one extra attempt, not several. A message
-//     that kills its consumer every time is therefore retried for ever on a
-//     classic queue; use a quorum queue (with a delivery limit if needed)
-//     where that matters.
+//   - a delivery is a return from a wait queue when its x-death history is
+//     well formed (as RabbitMQ writes it: an array of tables with queue,
+//     reason, exchange, count, routing-keys and time of their AMQP types,
+//     no two for the same queue and reason, counts below 2^31) and its
+//     newest entry says that one of the source's own wait queues (the names
+//     the topology computes, not a prefix) dead-lettered it with reason
+//     expired. A return's base is 1 plus the x-death counts of those wait
+//     queues, or its ackwise-attempt header, which Nack sets on the copy it
+//     moves (and which counts retries in place and redeliveries too), when
+//     that is a plain decimal number at least that large and at most 2^20;
+//   - any other delivery is a first delivery from a producer: its base is
+//     1, whatever ackwise-attempt, x-death, x-first-death-* or
+//     x-last-death-* it carries (they stay in Message.Headers, but no copy
+//     the source makes carries them on, and its ackwise-first-failure is
+//     not read into Message.FirstFailure);
+//   - on a quorum queue, a redelivery (the redelivered flag set) adds its
+//     x-delivery-count: the broker counts every earlier delivery of this
+//     copy, so a crash or a Release counts and the count survives consumer
+//     restarts (Capabilities.DeliveryCount). RabbitMQ writes the header on
+//     redeliveries only; on a first delivery a producer's value arrives as
+//     it was sent, and is not read;
+//   - on a classic queue, which keeps no count, a redelivery adds one. This
+//     is a lower bound: a message redelivered after several crashes counts
+//     one extra attempt, not several. A message that kills its consumer
+//     every time is therefore retried for ever on a classic queue; use a
+//     quorum queue (with a delivery limit if needed) where that matters.
+//
+// Sums saturate at 2^20, never wrapping around. A plain source has no wait
+// queues, so every delivery counts as a first one.
 //
 // The source cannot tell a wait queue's ackwise-attempt and
-// ackwise-first-failure from a producer's: the work queue receives both
-// from its wait queues. So the [Sink] does not publish them: a handler that
-// forwards the headers of a message it handled (a retry among them) does
-// not make the new message start at that message's attempt. Only the
-// source's own moves set them.
+// ackwise-first-failure from a producer's on a return: the work queue
+// receives both from its wait queues. So the [Sink] does not publish them
+// (nor x-death and its summaries): a handler that forwards the headers of
+// a message it handled (a retry among them) does not make the new message
+// start at that message's attempt. Only the source's own moves set them.
+// AMQP gives a consumer no record of a hop that a producer cannot write: a
+// producer that forges a complete, well-formed history of hops through
+// this source's own wait queues can shorten that message's retries, down
+// to a dead letter (reason max-attempts, to be redriven) after its first
+// failure; it cannot crash or wedge the consumer, loop a move, or hand the
+// broker's dead-letter worker a malformed history. docs/rabbitmq.md says
+// what to strip at the edge.
 //
 // # Publishing
 //

@@ -22,13 +22,13 @@ func TestMoveTableRepeatedKeyKeepsWireType(t *testing.T) {
 	if got := h.Get("x-count"); got != "5" {
 		t.Fatalf("Get = %q", got)
 	}
-	out := moveTable(orig, h, "")
+	out := moveTable(orig, h, "", false)
 	if v, ok := out["x-count"].(int32); !ok || v != 5 {
 		t.Fatalf("x-count = %#v (%T), want int32(5) as delivered", out["x-count"], out["x-count"])
 	}
 	// A changed value is written as the string Get returns.
 	h.Set("x-count", "9")
-	if out := moveTable(orig, h, ""); out["x-count"] != "9" {
+	if out := moveTable(orig, h, "", false); out["x-count"] != "9" {
 		t.Fatalf("changed x-count = %#v, want \"9\"", out["x-count"])
 	}
 }

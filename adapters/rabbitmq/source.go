@@ -154,6 +154,10 @@ type receipt struct {
 	s  *session
 	d  amqp.Delivery
 	at time.Time // when the delivery reached this client
+	// returned is set when the delivery came back from one of the
+	// source's wait queues (see returned): only then do its copies carry
+	// its x-death history on.
+	returned bool
 	// done is set by the settle that acks or hands back the delivery: a
 	// second one fails without touching the channel (a second ack or nack
 	// of a delivery tag makes the broker close the channel, and every
@@ -419,10 +423,11 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 }
 
 func (s *Source) message(ss *session, d amqp.Delivery, arrived time.Time) *ackwise.Message {
-	r := &receipt{s: ss, d: d, at: arrived}
+	attempt, isReturn := attemptOf(d.Headers, d.Redelivered, s.v.QueueType == Quorum, s.v.waitQueues)
+	r := &receipt{s: ss, d: d, at: arrived, returned: isReturn}
 	h := fromTable(d.Headers)
 	m := &ackwise.Message{
-		ID:          h.Get(ackwise.HeaderEventID),
+		ID:          eventIDOf(h, d.MessageId),
 		Key:         h.Get(HeaderKey),
 		Payload:     d.Body,
 		Headers:     h,
@@ -430,14 +435,12 @@ func (s *Source) message(ss *session, d amqp.Delivery, arrived time.Time) *ackwi
 		Partition:   -1,
 		Offset:      -1,
 		BrokerID:    d.MessageId,
-		Attempt:     attemptOf(d.Headers, d.Redelivered, s.v.QueueType == Quorum, s.v.Queue),
+		Attempt:     attempt,
 		PublishedAt: d.Timestamp,
 		Handle:      r,
 	}
-	if m.ID == "" && !strings.HasPrefix(d.MessageId, anonIDPrefix) {
-		m.ID = d.MessageId
-	}
-	if v, ok := h.Lookup(ackwise.HeaderFirstFailure); ok {
+	// A producer's ackwise-first-failure is no failure of ours.
+	if v, ok := h.Lookup(ackwise.HeaderFirstFailure); ok && isReturn {
 		if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
 			m.FirstFailure = t
 		}
@@ -565,7 +568,10 @@ func (s *Source) Ack(ctx context.Context, msg *ackwise.Message) error {
 // delay long (the largest tier for longer delays), waits for the broker's
 // confirm, then acks the original (invariant 3). The copy has the payload
 // and headers of msg, ackwise-attempt = msg.Attempt+1 and
-// ackwise-first-failure (set now if it was missing); when its tier's TTL
+// ackwise-first-failure = msg.FirstFailure (now if unknown), and the
+// delivery's x-death history only when it is a return from a wait queue
+// (see the package doc: a producer's never reaches the broker's
+// dead-letter worker); when its tier's TTL
 // expires the broker dead-letters it back to the work queue. If the channel
 // of msg dies after the copy was confirmed, the original is redelivered
 // too: a duplicate the inbox absorbs.
@@ -582,16 +588,8 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	}
 	tier := s.tierFor(delay)
 	queue := s.v.waitQueues[tier]
-	h := msg.Headers.Clone()
-	h.Set(ackwise.HeaderAttempt, strconv.Itoa(max(msg.Attempt, 1)+1))
-	if !h.Has(ackwise.HeaderFirstFailure) {
-		first := msg.FirstFailure
-		if first.IsZero() {
-			first = time.Now()
-		}
-		h.Set(ackwise.HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
-	}
-	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, ""))}
+	h := hopHeaders(msg, max(msg.Attempt, 1)+1)
+	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, "", r.returned))}
 	if err := s.beginMove("nack"); err != nil {
 		return err
 	}
@@ -603,6 +601,21 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 		return err
 	}
 	return r.s.ack(r, "nack")
+}
+
+// hopHeaders returns msg's headers with the hop headers the engine owns
+// set to its own values: ackwise-attempt = attempt, ackwise-first-failure
+// = msg.FirstFailure (now, if unknown). Whatever a producer put in them
+// is not carried on.
+func hopHeaders(msg *ackwise.Message, attempt int) ackwise.Headers {
+	h := msg.Headers.Clone()
+	h.Set(ackwise.HeaderAttempt, strconv.Itoa(attempt))
+	first := msg.FirstFailure
+	if first.IsZero() {
+		first = time.Now()
+	}
+	h.Set(ackwise.HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
+	return h
 }
 
 // beginMove counts a move in flight until endMove; once Close began it
@@ -700,8 +713,9 @@ func (s *Source) copyOf(r *receipt, msg *ackwise.Message, headers amqp.Table) am
 }
 
 // DeadLetter publishes msg to the dead-letter queue with env's headers added
-// to its own (x-death and the delivery's other headers kept, envelope
-// headers of an earlier dead-lettering replaced), payload byte for byte,
+// to its own (the delivery's other headers kept as Nack keeps them, x-death
+// on a return only, ackwise-attempt = msg.Attempt, envelope headers of an
+// earlier dead-lettering replaced), payload byte for byte,
 // waits for the broker's confirm, then acks the original (invariants 3 and
 // 4).
 func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
@@ -715,7 +729,8 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 	if r.done.Load() {
 		return r.settleOnce("dead-letter")
 	}
-	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, msg.Headers, env))}
+	h := hopHeaders(msg, max(msg.Attempt, 1))
+	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, h, env, r.returned))}
 	if err := s.beginMove("dead-letter"); err != nil {
 		return err
 	}
