@@ -137,9 +137,10 @@
 // producer that forges a complete, well-formed history of hops through
 // this source's own wait queues can shorten that message's retries, down
 // to a dead letter (reason max-attempts, to be redriven) after its first
-// failure; it cannot crash or wedge the consumer, loop a move, or hand the
-// broker's dead-letter worker a malformed history. docs/rabbitmq.md says
-// what to strip at the edge.
+// failure; it cannot crash or wedge the consumer, loop a move, or make the
+// source hand the broker's dead-letter worker a malformed history.
+// docs/rabbitmq.md says what to strip at the edge, and what only the edge
+// can stop (a message the broker dead-letters from the work queue itself).
 //
 // # Publishing
 //

@@ -341,8 +341,8 @@ func eventIDOf(h ackwise.Headers, messageID string) string {
 // published again, those would also route the copy to every queue they
 // name (a retry back to work at once, a dead letter into a live queue).
 // RabbitMQ's own dead-lettering drops them for the same reason. The hop
-// headers (ackwise-attempt, ackwise-first-failure) are h's alone, never
-// the delivery's.
+// headers (ackwise-attempt, ackwise-first-failure) are h's alone, strings,
+// never the delivery's (nor of its wire type).
 //
 // The x-death history and its x-first-death-* and x-last-death-* summaries
 // are kept only for a return from a wait queue (keepDeaths; its history is
@@ -359,7 +359,7 @@ func moveTable(orig amqp.Table, h ackwise.Headers, dropPrefix string, keepDeaths
 		t[k] = v
 	}
 	for _, kv := range h {
-		if dropPrefix != "" && strings.HasPrefix(kv.Key, dropPrefix) {
+		if dropPrefix != "" && strings.HasPrefix(kv.Key, dropPrefix) || ackwise.IsHopHeader(kv.Key) {
 			t[kv.Key] = kv.Value // the message's own, not the delivery's
 			continue
 		}
