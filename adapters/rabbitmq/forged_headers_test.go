@@ -269,3 +269,41 @@ func TestForgedCountsGetFullRetries(t *testing.T) {
 		})
 	}
 }
+
+// TestHonestRetryChainCounts: the attempts of an honest retry chain count
+// as before, on classic and quorum queues: a hop through one tier, a
+// release (a redelivery), a hop through another tier. The last return
+// carries the broker's x-death with one entry per wait queue, and the
+// copies the source made carried it on.
+func TestHonestRetryChainCounts(t *testing.T) {
+	t.Parallel()
+	for _, qt := range []QueueType{Classic, Quorum} {
+		t.Run(string(qt), func(t *testing.T) {
+			t.Parallel()
+			c := needBroker(t)
+			cfg := testConfig(t, qt, 50*time.Millisecond, 100*time.Millisecond)
+			declare(t, cfg)
+			src := newSource(t, cfg)
+			rawPublish(t, c, cfg.Queue, amqp.Publishing{Headers: amqp.Table{ackwise.HeaderEventID: "ev"}, Body: []byte("p")})
+			step := func(want int, settle func(*ackwise.Message) error) *ackwise.Message {
+				t.Helper()
+				m := receive(t, src)
+				if m.Attempt != want {
+					t.Fatalf("attempt %d, want %d", m.Attempt, want)
+				}
+				if err := settle(m); err != nil {
+					t.Fatal(err)
+				}
+				return m
+			}
+			step(1, func(m *ackwise.Message) error { return src.Nack(ctxT(t), m, 50*time.Millisecond) })
+			step(2, func(m *ackwise.Message) error { return src.Release(ctxT(t), m) })
+			step(3, func(m *ackwise.Message) error { return src.Nack(ctxT(t), m, 100*time.Millisecond) })
+			m := step(4, func(m *ackwise.Message) error { return src.Ack(ctxT(t), m) })
+			deaths, ok := readDeaths(m.Handle.(*receipt).d.Headers["x-death"])
+			if !ok || len(deaths) != 2 || deaths[0].queue != WaitQueueName(cfg.Queue, 100*time.Millisecond) || deaths[1].queue != WaitQueueName(cfg.Queue, 50*time.Millisecond) || deaths[0].count != 1 || deaths[1].count != 1 {
+				t.Fatalf("x-death of the last return: %+v (well formed %v)", deaths, ok)
+			}
+		})
+	}
+}
