@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	neturl "net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,10 +37,18 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 		}
 	})
 	defer stop()
+	// TLS is done here rather than by amqp091-go, so that the frame filter
+	// reads the broker's frames in clear (amqp091-go wraps the socket
+	// Dial returns in TLS for an amqps:// URL: it is given the URL as
+	// amqp:// with the port of amqps).
+	url, tlsCfg, err := c.plainURL()
+	if err != nil {
+		return nil, fmt.Errorf("rabbitmq: connect to %s: %w", c.redacted, err)
+	}
 	cfg := amqp.Config{
-		Heartbeat:       c.heartbeat,
-		TLSClientConfig: c.tls.Clone(), // amqp091-go writes ServerName into it
-		Properties:      amqp.NewConnectionProperties(),
+		Heartbeat:  c.heartbeat,
+		FrameSize:  clientFrameMax,
+		Properties: amqp.NewConnectionProperties(),
 		Dial: func(network, addr string) (net.Conn, error) {
 			dctx, cancel := context.WithTimeout(ctx, DefaultDialTimeout)
 			defer cancel()
@@ -47,8 +57,8 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 			if err != nil {
 				return nil, err
 			}
-			// The deadline covers the AMQP handshake; amqp091-go clears it
-			// once the connection is open.
+			// The deadline covers the TLS and AMQP handshakes; amqp091-go
+			// clears it once the connection is open.
 			if err := nc.SetDeadline(time.Now().Add(DefaultDialTimeout)); err != nil {
 				nc.Close()
 				return nil, err
@@ -61,17 +71,23 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 				nc.Close()
 				return nil, ctx.Err()
 			}
-			return rc, nil
+			var clear net.Conn = rc
+			if tlsCfg != nil {
+				tc := tls.Client(rc, tlsCfg)
+				if err := tc.HandshakeContext(dctx); err != nil {
+					nc.Close()
+					return nil, err
+				}
+				clear = tc
+			}
+			return newFrameFilter(clear, clientFrameMax, c.reportUnreadable), nil
 		},
 	}
 	if u, err := amqp.ParseURI(c.url); err == nil {
-		if cfg.TLSClientConfig == nil && u.Scheme == "amqps" {
-			cfg.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12}
-		}
 		cfg.SASL = failureCloseSASL(u, cfg.Properties)
 	}
 	cfg.Properties.SetClientConnectionName(c.name)
-	ac, err := amqp.DialConfig(c.url, cfg)
+	ac, err := amqp.DialConfig(url, cfg)
 	if !stop() && err == nil {
 		// ctx ended while the handshake finished: the socket's deadline
 		// may already be in the past, so the connection is not usable.
@@ -103,6 +119,46 @@ func (c conn) dial(ctx context.Context) (*amqp.Connection, error) {
 		return nil, fmt.Errorf("rabbitmq: connect to %s: %w%s", c.redacted, err, dialHint(err))
 	}
 	return ac, nil
+}
+
+// clientFrameMax is the frame_max the client asks for (amqp091-go's
+// default, and RabbitMQ's); the broker's, if lower, wins.
+const clientFrameMax = 131072
+
+// plainURL returns the URL to give amqp091-go and the TLS config for
+// Dial to use (nil: none): for an amqps:// URL, the URL as amqp:// with the
+// port of amqps (5671 unless given) and c's TLS config (TLS 1.2 or later if
+// none was given) with ServerName the URL's host unless set, as amqp091-go
+// would use.
+func (c conn) plainURL() (string, *tls.Config, error) {
+	uri, err := amqp.ParseURI(c.url)
+	if err != nil || uri.Scheme != "amqps" {
+		return c.url, nil, nil // amqp091-go reports a bad URL itself
+	}
+	u, err := neturl.Parse(c.url)
+	if err != nil {
+		return "", nil, errors.New("URL is malformed")
+	}
+	u.Scheme = "amqp"
+	if u.Port() == "" {
+		u.Host = net.JoinHostPort(u.Hostname(), strconv.Itoa(uri.Port))
+	}
+	cfg := c.tls.Clone()
+	if cfg == nil {
+		cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if cfg.ServerName == "" {
+		cfg.ServerName = uri.Host
+	}
+	return u.String(), cfg, nil
+}
+
+// reportUnreadable logs a delivery whose header table amqp091-go could not
+// have read and that the frame filter made readable.
+func (c conn) reportUnreadable(u unreadable) {
+	c.log.Warn("rabbitmq: a delivery's header table cannot be read by amqp091-go; its unreadable entries are passed on as byte arrays, named in "+HeaderUnreadable,
+		"connection", c.name, "channel", u.channel, "message_id", u.messageID,
+		"headers", strings.Join(u.names, ", "), "reason", u.reason, "values_kept", u.kept)
 }
 
 // readErrConn keeps the first error a read of its socket returned.
@@ -225,6 +281,32 @@ func (c conn) backoff() backoff.BackOff {
 		backoff.WithMaxInterval(c.max),
 		backoff.WithMaxElapsedTime(0),
 	)
+}
+
+// redial is the reconnection schedule over a connection's lives: it starts
+// over only after a connection that stayed up for the max interval. A
+// connection lost soon after it opened (one a message kills each time it is
+// delivered, a broker that closes it at once) is made again ever more
+// slowly, up to the max interval, not in a storm.
+type redial struct {
+	b   backoff.BackOff
+	max time.Duration
+	up  time.Time // when the current connection opened; zero while down
+}
+
+func (c conn) redial() *redial { return &redial{b: c.backoff(), max: c.max} }
+
+// connected records that a connection opened now.
+func (r *redial) connected() { r.up = time.Now() }
+
+// wait returns how long to wait before the next attempt, after the
+// connection was lost or an attempt failed.
+func (r *redial) wait() time.Duration {
+	if !r.up.IsZero() && time.Since(r.up) >= r.max {
+		r.b.Reset()
+	}
+	r.up = time.Time{}
+	return r.b.NextBackOff()
 }
 
 // sleep waits d or until done is closed, and reports whether it waited the

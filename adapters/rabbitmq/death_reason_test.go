@@ -73,7 +73,8 @@ func TestChannelDeathLogsBrokerReason(t *testing.T) {
 }
 
 // TestDeathHint: the consumer_timeout hint is given for the broker's
-// timeout close only, not for every 406.
+// timeout close only, not for every 406; the unreadable-frame hint for the
+// client's own frame error only.
 func TestDeathHint(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
@@ -84,6 +85,10 @@ func TestDeathHint(t *testing.T) {
 		{&amqp.Error{Code: amqp.PreconditionFailed, Reason: "PRECONDITION_FAILED - unknown delivery tag 42"}, false},
 		{&amqp.Error{Code: amqp.ConnectionForced, Reason: "CONNECTION_FORCED - broker forced connection closure with reason 'shutdown'"}, false},
 		{errors.New("rabbitmq: consumer cancelled by the broker or channel closed"), false},
+		// amqp091-go's own close when it cannot read a frame, and the
+		// broker's frame error (not the client's).
+		{&amqp.Error{Code: amqp.FrameError, Reason: `Exception (502) Reason: "invalid field or value inside of a frame"`}, true},
+		{&amqp.Error{Code: amqp.FrameError, Reason: "FRAME_ERROR", Server: true}, false},
 	} {
 		if got := deathHint(c.err) != ""; got != c.hint {
 			t.Errorf("deathHint(%v) given: %v, want %v", c.err, got, c.hint)

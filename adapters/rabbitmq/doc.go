@@ -122,7 +122,7 @@
 //     is a lower bound: a message redelivered after several crashes counts
 //     one extra attempt, not several. A message that kills its consumer
 //     every time is therefore retried for ever on a classic queue; use a
-//     quorum queue (with a delivery limit if needed) where that matters.
+//     quorum queue (with a delivery-limit policy if needed) where that matters.
 //
 // Sums saturate at 2^20, never wrapping around. A plain source has no wait
 // queues, so every delivery counts as a first one.
@@ -179,8 +179,10 @@
 // rabbitmqctl close_connection, the consumer timeout), the source and the
 // sink reconnect in the background with exponential backoff and jitter
 // (Config.ReconnectInitialInterval to ReconnectMaxInterval), redeclare or
-// re-verify the topology, and resume. amqp091-go's own automatic recovery is
-// not used.
+// re-verify the topology, and resume. The schedule starts over only after a
+// connection that stayed up for ReconnectMaxInterval: one lost again soon
+// after each reconnection is made again ever more slowly, not in a storm.
+// amqp091-go's own automatic recovery is not used.
 //
 // Each consuming channel is a generation, and a message's Handle holds its
 // generation and delivery tag. Delivery tags mean nothing on another channel,
@@ -204,6 +206,31 @@
 // RabbitMQ says when it refuses a login. A connection closed or reset
 // mid-handshake, as by a broker restarting (or one that refuses logins
 // without a word), is no refusal: Publish waits.
+//
+// # Unreadable deliveries
+//
+// amqp091-go refuses to read a header table or array nested deeper than 32
+// levels or holding more than 8192 entries, and closes the whole connection
+// when a delivery carries one, although RabbitMQ takes and delivers such a
+// message from any producer. The broker would deliver it again, first, on
+// every new connection, with the messages prefetched behind it: the
+// consumer would stop for good, and on a quorum queue every close would add
+// to the x-delivery-count of every message in flight. So the adapter reads
+// the broker's frames before amqp091-go does (after TLS, which it does
+// itself) and makes such a table readable: each entry amqp091-go could not
+// read is passed on as a byte array holding its encoded value (the table's
+// or array's bytes after its type and length), and the header
+// [HeaderUnreadable] lists their names as a JSON array; entries that cannot
+// be delimited, or that exceed 8192, go as one byte array to
+// [HeaderUnreadableRest]. If the frame would then exceed frame_max, the
+// values are dropped and only the names kept. A warning names the
+// connection, channel, message-id, the entries and the cause. The message
+// is then delivered like any other: Message.Headers never holds tables, so
+// the handler sees what it would have; moves and dead letters carry the
+// byte arrays. Should amqp091-go still close a connection on a frame it
+// cannot read (its own 501, not the broker's), the reconnection warning
+// says so and reconnections slow down (see Recovery). ackwise declares no
+// x-delivery-limit (see docs/rabbitmq.md for a policy as a backstop).
 //
 // # Consumer timeout
 //

@@ -188,23 +188,26 @@ func (p *publisher) refuse(err error) {
 // run replaces the session whenever it dies, until Close.
 func (p *publisher) run(s *pubSession) {
 	defer close(p.done)
+	rd := p.c.redial()
+	rd.connected()
 	for {
 		select {
 		case <-s.dead:
 		case <-p.closed:
 			return
 		}
-		p.c.log.Warn("rabbitmq: publisher channel lost; reconnecting", "role", p.role, "url", p.c.redacted, "error", s.err)
+		wait := rd.wait()
+		p.c.log.Warn("rabbitmq: publisher channel lost; reconnecting", "role", p.role, "url", p.c.redacted, "error", s.err, "retry_in", wait)
 		p.set(nil)
 		s.conn.Close()
-		b := p.c.backoff()
 		for {
-			if !sleep(b.NextBackOff(), p.closed) {
+			if !sleep(wait, p.closed) {
 				return
 			}
 			ns, err := p.open(p.ctx)
 			if err != nil {
-				p.c.log.Warn("rabbitmq: publisher reconnect failed", "role", p.role, "error", err)
+				wait = rd.wait()
+				p.c.log.Warn("rabbitmq: publisher reconnect failed", "role", p.role, "error", err, "retry_in", wait)
 				// Refused for good, publishes fail at once rather than wait
 				// for their ctx; reconnecting goes on, for when access is
 				// given back. A refusal stands only until an attempt fails
@@ -216,6 +219,7 @@ func (p *publisher) run(s *pubSession) {
 				p.refuse(refused)
 				continue
 			}
+			rd.connected()
 			s = ns
 			p.set(ns)
 			p.c.log.Info("rabbitmq: publisher reconnected", "role", p.role, "url", p.c.redacted)

@@ -296,6 +296,8 @@ func (s *Source) set(ss *session) {
 // run replaces the session whenever it dies, until Close.
 func (s *Source) run(ss *session) {
 	defer s.wg.Done()
+	rd := s.v.conn.redial()
+	rd.connected()
 	for {
 		select {
 		case <-ss.dead:
@@ -303,18 +305,20 @@ func (s *Source) run(ss *session) {
 			ss.kill(adapters.ErrClosed)
 			return
 		}
-		s.log.Warn("rabbitmq: consumer channel lost; reconnecting", "queue", s.v.Queue, "generation", ss.gen, "error", errText(ss.err), "hint", deathHint(ss.err))
+		wait := rd.wait()
+		s.log.Warn("rabbitmq: consumer channel lost; reconnecting", "queue", s.v.Queue, "generation", ss.gen, "error", errText(ss.err), "hint", deathHint(ss.err), "retry_in", wait)
 		s.set(nil)
-		b := s.v.conn.backoff()
 		for {
-			if !sleep(b.NextBackOff(), s.closed) {
+			if !sleep(wait, s.closed) {
 				return
 			}
 			ns, err := s.open(s.ctx)
 			if err != nil {
-				s.log.Warn("rabbitmq: consumer reconnect failed", "queue", s.v.Queue, "error", err.Error())
+				wait = rd.wait()
+				s.log.Warn("rabbitmq: consumer reconnect failed", "queue", s.v.Queue, "error", err.Error(), "retry_in", wait)
 				continue
 			}
+			rd.connected()
 			ss = ns
 			s.set(ns)
 			s.log.Info("rabbitmq: consumer reconnected", "queue", s.v.Queue, "generation", ns.gen)
@@ -331,11 +335,17 @@ func errText(err error) string {
 }
 
 // deathHint explains a channel closed by the broker's consumer timeout
-// (406 "delivery acknowledgement on channel N timed out").
+// (406 "delivery acknowledgement on channel N timed out"), and a connection
+// amqp091-go closed because it could not read what the broker sent (a 501
+// of its own making).
 func deathHint(err error) string {
 	var ae *amqp.Error
-	if errors.As(err, &ae) && ae.Code == amqp.PreconditionFailed && strings.Contains(ae.Reason, "timed out") {
+	switch {
+	case !errors.As(err, &ae):
+	case ae.Code == amqp.PreconditionFailed && strings.Contains(ae.Reason, "timed out"):
 		return "a delivery was held longer than the broker's consumer_timeout; its handler was too slow (see ConsumerTimeout)"
+	case ae.Code == amqp.FrameError && !ae.Server:
+		return "the client could not read a frame the broker sent, probably a delivery whose content amqp091-go cannot parse; the broker delivers it again on every connection, so reconnecting slows down (see docs/rabbitmq.md, Unreadable deliveries)"
 	}
 	return ""
 }
