@@ -164,6 +164,16 @@
 // channel of its own: only the refused one fails, not the others of its
 // call nor the other calls that shared the channel.
 //
+// A message's properties and headers travel in one content header frame,
+// which must fit in the connection's negotiated frame_max (131072 bytes on
+// RabbitMQ by default): the broker closes the whole connection on a larger
+// one. Every publish is measured first: a sink message that does not fit
+// (or that amqp091-go cannot encode, such as a message-id over 255 bytes)
+// fails alone with [ErrHeadersTooLarge] (or the encoding error), marked
+// ackwise.Permanent, before anything is sent; a copy the source moves loses
+// its largest headers until it fits (the event ID, the envelope and the hop
+// headers last), named in [HeaderTrimmed], its payload unchanged.
+//
 // Headers named CC and BCC (in capitals, as RabbitMQ matches them) are
 // RabbitMQ's sender-selected distribution: routing keys the message is
 // also routed to, with the same exchange. The broker takes them only as an array of

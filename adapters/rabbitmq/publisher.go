@@ -45,6 +45,11 @@ const closeDrainTimeout = 10 * time.Second
 type outgoing struct {
 	exchange, key string
 	pub           amqp.Publishing
+	// trim, when set, lets the publish remove headers of a message whose
+	// content header would not fit in a frame (trimToFit), keeping those
+	// it reports true for as long as anything else is left; when nil, such
+	// a message fails with ErrHeadersTooLarge.
+	trim func(key string) bool
 }
 
 // publisher publishes with confirms on one channel of its own connection,
@@ -136,6 +141,8 @@ func (p *publisher) open(ctx context.Context) (*pubSession, error) {
 	s := &pubSession{
 		conn:    ac,
 		ch:      ch,
+		c:       p.c,
+		role:    p.role,
 		pending: make(map[uint64]*pendingPub),
 		pubSem:  make(chan struct{}, 1),
 		dead:    make(chan struct{}),
@@ -390,6 +397,9 @@ func (p *publisher) publishAlone(ctx context.Context, m *outgoing, abort func() 
 // nothing else, and waits for its confirm: a channel-level refusal then
 // names m. It returns errConnLost when the connection died first.
 func (s *pubSession) publishAlone(ctx context.Context, m *outgoing) error {
+	if err := s.fit(m); err != nil {
+		return err
+	}
 	ch, err := s.conn.Channel()
 	if err != nil {
 		if errors.Is(err, amqp.ErrClosed) || s.conn.IsClosed() {
@@ -482,6 +492,8 @@ func (p *publisher) closeWithin(d time.Duration) {
 type pubSession struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
+	c    conn   // for its logger
+	role string // the publisher's
 
 	pubSem chan struct{} // one slot: serializes publishing so sequence numbers match (lockPublish)
 
@@ -559,38 +571,57 @@ func (b *batch) outcomes(err error) []error {
 
 // publishBatch publishes msgs[idx...] on s and waits for their confirms. It
 // returns one outcome per index (ctx's error for those still unconfirmed
-// when ctx ended), or ctx's error when ctx ended before it could publish.
+// when ctx ended, or not yet published). A message that does not fit in a
+// frame (s.fit) fails alone, or is trimmed, before anything is sent.
 func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []int) ([]error, error) {
 	b := &batch{res: make([]error, len(idx)), set: make([]bool, len(idx)), done: make(chan struct{})}
 	b.remaining.Store(int64(len(idx)))
+	// What would not fit in a frame fails (or is trimmed) before anything
+	// is sent: the broker would close the connection on it.
+	send := make([]int, 0, len(idx)) // positions in idx
+	var unfit []int
+	for i, k := range idx {
+		if err := s.fit(&msgs[k]); err != nil {
+			b.res[i] = err
+			unfit = append(unfit, i)
+			continue
+		}
+		send = append(send, i)
+	}
+	for _, i := range unfit {
+		b.resolve(i, b.res[i])
+	}
+	if len(send) == 0 {
+		return b.res, nil
+	}
 
 	if err := s.lockPublish(ctx); err != nil {
-		return nil, err
+		return b.outcomes(err), nil
 	}
 	seq0 := s.ch.GetNextPublishSeqNo()
-	entries := make([]pendingPub, len(idx))
+	entries := make([]pendingPub, len(send))
 	s.pendMu.Lock()
 	registered := !s.failed
 	if registered {
-		for i, k := range idx {
-			m := &msgs[k]
-			entries[i] = pendingPub{b: b, i: i, msgID: m.pub.MessageId, exchange: m.exchange, key: m.key}
-			s.pending[seq0+uint64(i)] = &entries[i]
+		for j, i := range send {
+			m := &msgs[idx[i]]
+			entries[j] = pendingPub{b: b, i: i, msgID: m.pub.MessageId, exchange: m.exchange, key: m.key}
+			s.pending[seq0+uint64(j)] = &entries[j]
 		}
 	}
 	s.pendMu.Unlock()
 	if !registered {
 		s.unlockPublish()
-		for i := range idx {
+		for _, i := range send {
 			b.resolve(i, errConnLost)
 		}
 		return b.res, nil
 	}
-	for i, k := range idx {
-		m := &msgs[k]
+	for j, i := range send {
+		m := &msgs[idx[i]]
 		dc, err := s.ch.PublishWithDeferredConfirm(m.exchange, m.key, true, false, m.pub)
 		if err == nil {
-			entries[i].dc.Store(dc)
+			entries[j].dc.Store(dc)
 		} else {
 			if s.ch.IsClosed() || errors.Is(err, amqp.ErrClosed) {
 				err = errConnLost
@@ -601,15 +632,15 @@ func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []in
 			// already failed are resolved by it.
 			s.pendMu.Lock()
 			var mine []int
-			for j := i; j < len(idx); j++ {
-				if _, ok := s.pending[seq0+uint64(j)]; ok {
-					delete(s.pending, seq0+uint64(j))
-					mine = append(mine, j)
+			for l := j; l < len(send); l++ {
+				if _, ok := s.pending[seq0+uint64(l)]; ok {
+					delete(s.pending, seq0+uint64(l))
+					mine = append(mine, send[l])
 				}
 			}
 			s.pendMu.Unlock()
-			for _, j := range mine {
-				b.resolve(j, err)
+			for _, i := range mine {
+				b.resolve(i, err)
 			}
 			break
 		}
@@ -623,6 +654,29 @@ func (s *pubSession) publishBatch(ctx context.Context, msgs []outgoing, idx []in
 		// The messages already confirmed (or refused) keep their outcome.
 		return b.outcomes(fmt.Errorf("rabbitmq: waiting for publisher confirms: %w", ctx.Err())), nil
 	}
+}
+
+// fit makes m fit in one frame of s's connection (its negotiated
+// frame_max), trimming its headers when m allows it (outgoing.trim), or
+// fails it, marked ackwise.Permanent: sending it again cannot help.
+func (s *pubSession) fit(m *outgoing) error {
+	frameMax := s.conn.Config.FrameSize
+	size, err := headerFrameSize(&m.pub)
+	switch {
+	case err != nil:
+		return ackwise.Permanent(fmt.Errorf("rabbitmq: message %q cannot be encoded: %w", m.pub.MessageId, err))
+	case frameMax <= 0 || size <= frameMax:
+		return nil
+	case m.trim == nil:
+		return ackwise.Permanent(fmt.Errorf("%w: message %q: its content header frame is %d bytes, the connection's frame_max %d", ErrHeadersTooLarge, m.pub.MessageId, size, frameMax))
+	}
+	names, err := trimToFit(&m.pub, frameMax, m.trim)
+	if err != nil {
+		return ackwise.Permanent(fmt.Errorf("rabbitmq: message %q: %w", m.pub.MessageId, err))
+	}
+	s.c.log.Warn("rabbitmq: headers removed from a moved copy to fit in one frame, named in "+HeaderTrimmed,
+		"role", s.role, "routing_key", m.key, "message_id", m.pub.MessageId, "headers", names, "frame_size", size, "frame_max", frameMax)
+	return nil
 }
 
 // loop applies confirms and returns in the order amqp091-go hands them over,

@@ -85,7 +85,12 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 // broker refuses by closing the channel (a missing exchange, access
 // refused, a message over the broker's size limit) is found by sending the
 // unconfirmed messages again one by one, and fails with an error marked
-// ackwise.Permanent, which carries the *amqp.Error; the other failures are
+// ackwise.Permanent, which carries the *amqp.Error. A message whose
+// properties and headers do not fit in one frame of the connection's
+// negotiated frame_max fails with ErrHeadersTooLarge, and one amqp091-go
+// cannot encode (a message-id or header name over 255 bytes) with the
+// reason, both marked ackwise.Permanent and before anything is sent: the
+// broker would close the connection on them. The other failures are
 // transient. A message still unconfirmed when ctx ends, or the sink is
 // closed, is listed with that error and may still be published.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {

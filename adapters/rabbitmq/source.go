@@ -584,7 +584,8 @@ func (s *Source) Ack(ctx context.Context, msg *ackwise.Message) error {
 // dead-letter worker); when its tier's TTL
 // expires the broker dead-letters it back to the work queue. If the channel
 // of msg dies after the copy was confirmed, the original is redelivered
-// too: a duplicate the inbox absorbs.
+// too: a duplicate the inbox absorbs. A copy whose headers would not fit in
+// one frame loses its largest ones, named in HeaderTrimmed.
 func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error {
 	if s.v.Plain {
 		return fmt.Errorf("rabbitmq: nack of %s: %w", s.v.Queue, ErrPlain)
@@ -599,7 +600,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	tier := s.tierFor(delay)
 	queue := s.v.waitQueues[tier]
 	h := hopHeaders(msg, max(msg.Attempt, 1)+1)
-	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, "", r.returned))}
+	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, "", r.returned)), trim: keepOnHop}
 	if err := s.beginMove("nack"); err != nil {
 		return err
 	}
@@ -626,6 +627,17 @@ func hopHeaders(msg *ackwise.Message, attempt int) ackwise.Headers {
 	}
 	h.Set(ackwise.HeaderFirstFailure, first.UTC().Format(time.RFC3339Nano))
 	return h
+}
+
+// keepOnHop and keepOnDeadLetter name the headers a moved copy too large
+// for a frame keeps while others are left to remove (trimToFit): the event
+// ID, and what the move itself sets.
+func keepOnHop(k string) bool {
+	return k == ackwise.HeaderEventID || k == ackwise.HeaderAttempt || k == ackwise.HeaderFirstFailure
+}
+
+func keepOnDeadLetter(k string) bool {
+	return k == ackwise.HeaderEventID || strings.HasPrefix(k, dlq.HeaderPrefix)
 }
 
 // beginMove counts a move in flight until endMove; once Close began it
@@ -727,7 +739,9 @@ func (s *Source) copyOf(r *receipt, msg *ackwise.Message, headers amqp.Table) am
 // on a return only, ackwise-attempt = msg.Attempt, envelope headers of an
 // earlier dead-lettering replaced), payload byte for byte,
 // waits for the broker's confirm, then acks the original (invariants 3 and
-// 4).
+// 4). A dead letter whose headers would not fit in one frame loses its
+// largest ones (the envelope and the event ID last), named in
+// HeaderTrimmed.
 func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
 	if s.v.Plain {
 		return fmt.Errorf("rabbitmq: dead-letter from %s: %w", s.v.Queue, ErrPlain)
@@ -740,7 +754,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 		return r.settleOnce("dead-letter")
 	}
 	h := hopHeaders(msg, max(msg.Attempt, 1))
-	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, h, env, r.returned))}
+	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, h, env, r.returned)), trim: keepOnDeadLetter}
 	if err := s.beginMove("dead-letter"); err != nil {
 		return err
 	}
