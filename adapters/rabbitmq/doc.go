@@ -233,7 +233,8 @@
 // [HeaderUnreadable] lists their names as a JSON array; entries that cannot
 // be delimited, or that exceed 8192, go as one byte array to
 // [HeaderUnreadableRest]. If the frame would then exceed frame_max, the
-// values are dropped and only the names kept. A warning names the
+// values are dropped and only the names kept (as a last resort the names
+// and the rest go too: the table is then no larger than it came). A warning names the
 // connection, channel, message-id, the entries and the cause. The message
 // is then delivered like any other: Message.Headers never holds tables, so
 // the handler sees what it would have; moves and dead letters carry the

@@ -240,28 +240,27 @@ func readableHeader(p []byte, limit int, dst []byte) (out []byte, u unreadable, 
 		return nil, u, false
 	}
 	rest := p[end:]
-	build := func(keep, named bool) []byte {
-		out := append(dst[:0], p[:off]...)
+	// Keep the unreadable values' bytes and name them; if that does not
+	// fit the frame (the marker adds a little), drop the bytes, then the
+	// names, then the marker and the rest's entry: the table is then no
+	// larger than it was.
+	for step := range 4 {
+		out = append(dst[:0], p[:off]...)
 		out = append(out, 0, 0, 0, 0)
-		var names []string
-		out, names, u.reason = readableTable(out, table, keep)
-		u.names, u.kept = names, keep
-		marker := names
-		if !named {
-			marker = []string{}
+		keep := step == 0
+		out, u.names, u.reason = readableTable(out, table, keep, step < 3)
+		u.kept = keep
+		switch step {
+		case 0, 1:
+			out = appendMarker(out, u.names)
+		case 2:
+			out = appendMarker(out, []string{})
 		}
-		out = appendMarker(out, marker)
 		binary.BigEndian.PutUint32(out[off:off+4], uint32(len(out)-off-4))
-		return append(out, rest...)
-	}
-	// Keep the unreadable values' bytes; if that does not fit the frame
-	// (the marker adds a little), drop them, and then the names.
-	out = build(true, true)
-	if len(out) > limit {
-		out = build(false, true)
-	}
-	if len(out) > limit {
-		out = build(false, false)
+		out = append(out, rest...)
+		if len(out) <= limit {
+			break
+		}
 	}
 	u.messageID = messageIDOf(out, flags, off)
 	return out, u, true
@@ -269,10 +268,12 @@ func readableHeader(p []byte, limit int, dst []byte) (out []byte, u unreadable, 
 
 // readableTable appends to dst the entries of the encoded table t (without
 // its length) that amqp091-go reads, each other one as a byte array (its
-// content, or nothing unless keep) with its name in names, and returns why
-// they could not be read. A producer's own HeaderUnreadable is dropped:
-// the caller appends the real one.
-func readableTable(dst, t []byte, keep bool) (out []byte, names []string, reason string) {
+// content, or nothing unless keep) with its name in names, and the entries
+// it cannot delimit or count as one byte array HeaderUnreadableRest
+// (unless rest is false: then they are dropped), and returns why they
+// could not be read. A producer's own HeaderUnreadable is dropped: the
+// caller appends the real one.
+func readableTable(dst, t []byte, keep, rest bool) (out []byte, names []string, reason string) {
 	out = dst
 	i, fields := 0, 0
 	for i < len(t) {
@@ -313,7 +314,9 @@ func readableTable(dst, t []byte, keep bool) (out []byte, names []string, reason
 	}
 	if i < len(t) {
 		names = append(names, HeaderUnreadableRest)
-		out = appendBytesEntry(out, []byte(HeaderUnreadableRest), t[i:], keep)
+		if rest {
+			out = appendBytesEntry(out, []byte(HeaderUnreadableRest), t[i:], keep)
+		}
 	}
 	return out, names, reason
 }

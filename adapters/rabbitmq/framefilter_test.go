@@ -1,6 +1,8 @@
 package rabbitmq
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -185,4 +187,73 @@ func contains(s []string, v string) bool {
 		}
 	}
 	return false
+}
+
+// FuzzReadableHeader: whatever header table bytes a producer got the
+// broker to deliver, the filter does not panic, leaves a table amqp091-go
+// reads untouched, and otherwise gives a content header whose table
+// amqp091-go reads (checkTable, which TestFrameFilterMatchesClientLimits
+// holds to amqp091-go's reader), within the frame limit, with the
+// properties around it unchanged.
+func FuzzReadableHeader(f *testing.F) {
+	for _, h := range []amqp.Table{
+		{"a": "b"},
+		{"deep": nested(33), "ok": int32(1)},
+		{"deep": nestedArray(40)},
+		{HeaderUnreadable: "x", "deep": []any{nested(32)}},
+	} {
+		f.Add(encodeTableForFuzz(f, h), 4096)
+	}
+	f.Add([]byte{1, 'k', 'F', 0, 0, 0, 9}, 4096)    // a table longer than its frame
+	f.Add([]byte{1, 'k', 'Z'}, 4096)                // an unknown type
+	f.Add([]byte{0, 'A', 0, 0, 0, 2, 'S', 0}, 4096) // a truncated array value
+	f.Add([]byte{2, 'k', 'k', 'V', 200, 'x'}, 300)  // a key past the end
+	f.Fuzz(func(t *testing.T, table []byte, limit int) {
+		limit = max(limit%(1<<17), 64)
+		// content-type "ct", the table, delivery-mode 2, message-id "mid".
+		p := append([]byte{0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4}, u16(flagContentType|flagHeaders|flagDeliveryMode|flagMessageID)...)
+		p = append(p, shortstr("ct")...)
+		off := len(p)
+		p = append(p, u32(uint32(len(table)))...)
+		p = append(p, table...)
+		p = append(p, 2)
+		p = append(p, shortstr("mid")...)
+		out, u, ok := readableHeader(p, limit, nil)
+		_, why := checkTable(table, 0)
+		if !ok {
+			if why != "" {
+				t.Fatalf("unreadable table (%s) left alone", why)
+			}
+			return
+		}
+		if why == "" {
+			t.Fatal("a readable table was rewritten")
+		}
+		if len(out) > limit && len(out) > len(p) {
+			t.Fatalf("rewritten to %d bytes, limit %d, was %d", len(out), limit, len(p))
+		}
+		n := int(binary.BigEndian.Uint32(out[off : off+4]))
+		if off+4+n > len(out) {
+			t.Fatalf("table length %d past the end", n)
+		}
+		if _, why := checkTable(out[off+4:off+4+n], 0); why != "" {
+			t.Fatalf("rewritten table still unreadable: %s", why)
+		}
+		if !bytes.Equal(out[:off], p[:off]) || !bytes.Equal(out[off+4+n:], p[off+4+len(table):]) || u.messageID != "mid" || u.reason == "" {
+			t.Fatalf("properties around the table changed, or the report is incomplete: %+v", u)
+		}
+	})
+}
+
+// encodeTableForFuzz returns t as amqp091-go encodes a header table (its
+// entries, without the length).
+func encodeTableForFuzz(tb testing.TB, t amqp.Table) []byte {
+	tb.Helper()
+	c, b := startFakeBroker(tb, clientFrameMax, nil)
+	f, err := b.headerSent(c, amqp.Publishing{Headers: t})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// class, weight, body size, flags (headers only), then the table.
+	return f[7+14+4 : len(f)-1]
 }
