@@ -115,6 +115,12 @@
 // a byte-identical value, its headers kept and the dlq envelope added as
 // Kafka record headers (any Kafka client, kcat included, reads them), with
 // acks=all, and marks the source record settled once the broker confirmed.
+// A dead letter too large for the dead-letter topic's max.message.bytes is
+// written trimmed instead (the largest original headers left out first,
+// then the value cut), marked with [HeaderDLQTrimmed] carrying the whole
+// value's size and SHA-256, never tried again for ever; a record whose copy
+// does not fit its retry topic is dead-lettered (reason unroutable) instead
+// of moved. See docs/kafka.md.
 //
 // # Sink
 //

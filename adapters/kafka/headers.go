@@ -18,3 +18,13 @@ const (
 	// topic that another group moved there (groups sharing retry topics).
 	HeaderRetryGroup = "ackwise-retry-group"
 )
+
+// HeaderDLQTrimmed marks a dead letter written trimmed because it did not
+// fit the dead-letter topic's max.message.bytes whole (see docs/kafka.md):
+// "value-bytes=N;value-kept=M;value-sha256=HEX;headers-dropped=H;
+// key-bytes-dropped=K;event-id-bytes-dropped=E", where N and HEX are the
+// size and SHA-256 of the whole value, M the bytes of it kept (its first
+// M), H the number of original headers left out, K and E the bytes of the
+// key and event ID left out (0: kept). A dead letter that fit carries no
+// such header.
+const HeaderDLQTrimmed = "ackwise-dlq-trimmed"

@@ -70,10 +70,11 @@ const DefaultShareLease = 30 * time.Second
 // Receive must be called from one goroutine at a time; the settle methods
 // may be called concurrently.
 type ShareSource struct {
-	cfg   Config
-	cl    *kgo.Client
-	log   *slog.Logger
-	lease time.Duration
+	cfg    Config
+	cl     *kgo.Client
+	log    *slog.Logger
+	lease  time.Duration
+	limits *batchLimits // of the dead-letter topic
 	// renews reports whether the brokers renew locks (Kafka 4.2+).
 	renews bool
 
@@ -231,7 +232,7 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 		cfg.Logger.Warn("kafka: the brokers do not renew share locks (before Kafka 4.2): a handler that outlasts a record's lock has the record delivered again",
 			"group", cfg.Group, "lock", lease)
 	}
-	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease, renews: renews, flushNow: make(chan struct{}, 1)}
+	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease, limits: limits, renews: renews, flushNow: make(chan struct{}, 1)}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
 	s.renewing.Add(1)
 	go s.renewPending()
@@ -704,9 +705,8 @@ func (s *ShareSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 		// released after its dead letter was written: renew it first.
 		return s.settle(msg, kgo.AckRelease)
 	}
-	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
-	if err := produceOne(ctx, s.cl, rec); err != nil {
-		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
+	if err := produceDeadLetter(ctx, s.cl, s.limits, s.log, s.cfg.DeadLetterTopic, msg, env); err != nil {
+		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, s.cfg.DeadLetterTopic, err)
 	}
 	return s.settle(msg, kgo.AckAccept)
 }

@@ -36,6 +36,7 @@ type Source struct {
 	log     *slog.Logger
 	retries map[string]time.Duration // retry topic -> tier
 	caps    adapters.Capabilities
+	limits  *batchLimits // of the retry and dead-letter topics
 
 	mu      sync.Mutex
 	parts   map[topicPartition]*partition
@@ -160,6 +161,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		s.caps.MaxDelay = cfg.RetryTiers[n-1]
 	}
 	limits := new(batchLimits) // of the retry and dead-letter topics
+	s.limits = limits
 	opts := append(cfg.clientOpts(),
 		limits.opt(),
 		kgo.ConsumerGroup(cfg.Group),
@@ -1140,7 +1142,9 @@ func (s *Source) Valid(msg *ackwise.Message) bool {
 // Nack moves msg to the retry topic of the smallest tier at least as long as
 // delay (the longest tier when none is), with ackwise-attempt incremented,
 // and marks it settled once the broker confirmed the move. Without retry
-// tiers it returns an error: the engine retries in place (blocking mode).
+// tiers it returns an error: the engine retries in place (blocking mode). A
+// record whose copy is too large for the retry topic is dead-lettered
+// instead (dlq.ReasonUnroutable), not moved.
 func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error {
 	if len(s.cfg.RetryTiers) == 0 {
 		return fmt.Errorf("kafka: Nack without Config.RetryTiers: this source retries in place (Capabilities.Delay is false)")
@@ -1191,39 +1195,45 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if _, ok := msg.Headers.Lookup(ackwise.HeaderEventID); !ok && msg.ID != "" {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(msg.ID)})
 	}
+	if size, limit := recordBytes(rec), s.limits.limit(rec.Topic); size > limit {
+		return s.deadLetterUnmovable(ctx, msg, fmt.Errorf("kafka: %s: retry copy of %d bytes does not fit retry topic %s (max.message.bytes %d)", msg.BrokerID, size, rec.Topic, limit))
+	}
 	if err := produceOne(ctx, s.cl, rec); err != nil {
-		return fmt.Errorf("kafka: %s: move to retry topic %s: %w", msg.BrokerID, rec.Topic, err)
+		err = fmt.Errorf("kafka: %s: move to retry topic %s: %w", msg.BrokerID, rec.Topic, err)
+		if errors.Is(err, kerr.MessageTooLarge) {
+			// A limit lowered since it was read, or not readable.
+			s.limits.reread(ctx, s.cl, rec.Topic)
+			return s.deadLetterUnmovable(ctx, msg, err)
+		}
+		return err
 	}
 	return s.settle(msg, stSettled)
+}
+
+// deadLetterUnmovable dead-letters msg, whose move to a retry topic failed
+// for good with cause (its copy is too large for the topic), with reason
+// dlq.ReasonUnroutable, rather than fail the move again on every try. The
+// envelope's consumer is the group: the engine's Config.Name is not known
+// here.
+func (s *Source) deadLetterUnmovable(ctx context.Context, msg *ackwise.Message, cause error) error {
+	s.log.Warn("kafka: record cannot be moved to its retry topic; dead-lettered instead", "group", s.cfg.Group, "event_id", msg.ID, "err", cause)
+	env := dlq.New(msg, dlq.ReasonUnroutable, cause, ackwise.ClassPermanent, time.Now(), s.cfg.Group, "")
+	return s.DeadLetter(ctx, msg, env)
 }
 
 // DeadLetter produces msg to the dead-letter topic (same key, byte-identical
 // value, headers kept, envelope added as headers) with acks=all and marks it
-// settled once the broker confirmed.
+// settled once the broker confirmed. A dead letter over the topic's
+// max.message.bytes is written trimmed, marked with HeaderDLQTrimmed (see
+// the package documentation).
 func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
 	if err := s.checkMovable(msg); err != nil {
 		return err
 	}
-	rec := deadLetterRecord(s.cfg.DeadLetterTopic, msg, env)
-	if err := produceOne(ctx, s.cl, rec); err != nil {
-		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, rec.Topic, err)
+	if err := produceDeadLetter(ctx, s.cl, s.limits, s.log, s.cfg.DeadLetterTopic, msg, env); err != nil {
+		return fmt.Errorf("kafka: %s: dead-letter to %s: %w", msg.BrokerID, s.cfg.DeadLetterTopic, err)
 	}
 	return s.settle(msg, stSettled)
-}
-
-func deadLetterRecord(topic string, msg *ackwise.Message, env dlq.Envelope) *kgo.Record {
-	h := env.Apply(msg.Headers)
-	if !h.Has(ackwise.HeaderEventID) && msg.ID != "" {
-		h.Set(ackwise.HeaderEventID, msg.ID)
-	}
-	rec := &kgo.Record{Topic: topic, Value: msg.Payload, Headers: make([]kgo.RecordHeader, 0, len(h))}
-	if msg.Key != "" {
-		rec.Key = []byte(msg.Key)
-	}
-	for _, kv := range h {
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})
-	}
-	return rec
 }
 
 // committer commits settled offsets at most once per CommitInterval, and only
