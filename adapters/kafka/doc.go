@@ -104,10 +104,15 @@
 // first sat, Attempt and FirstFailure come from its headers, and BrokerID
 // names the retry-topic position it was read from. On the main topic those
 // headers are not this chain's (a handler that forwarded the headers of a
-// retry it handled put them there): a record read from it is attempt 1 with
-// no first failure whatever ackwise-attempt and ackwise-first-failure say;
-// the headers stay in Message.Headers. [Sink.Publish] and TransactSession
-// outputs drop both, so a message forwarded with them does not carry them on.
+// retry it handled put them there, or a producer forged them): a record read
+// from it is attempt 1 with no first failure, at its own position, whatever
+// ackwise-attempt, ackwise-first-failure and the original-position headers
+// say; the headers stay in Message.Headers, and a move to a retry topic
+// writes the engine's own. On retry topics they are read strictly (decimal
+// digits only) and an attempt counts as at most 1<<20, the next hop's
+// saturating there. [Sink.Publish] and TransactSession outputs drop
+// ackwise-attempt and ackwise-first-failure, so a message forwarded with them
+// does not carry them on.
 //
 // # Dead letters
 //

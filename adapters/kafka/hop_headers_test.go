@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -181,4 +183,162 @@ func TestTransactSessionOutputDropsHopHeaders(t *testing.T) {
 		t.Fatalf("Run = %v", err)
 	}
 	checkNoHopHeaders(t, readIsolated(ctx, t, brokers, out, kgo.ReadCommitted()), msgs)
+}
+
+// TestForgedHopHeaders: a producer writing to the main topic cannot make
+// a record skip its retries or pass its forgery on through the retry-topic
+// chain. A record carrying ackwise-attempt 1000000000 (and one with
+// MaxInt64), forged ackwise-original-topic/partition/offset, a retry due in
+// the year 3000 and another group's ackwise-retry-group gets all its
+// MaxAttempts, like a plain record beside it: each hop's copy says the
+// engine's count and where the record really sat, and so does the envelope.
+func TestForgedHopHeaders(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	tier := 20 * time.Millisecond
+	cfg := testConfig(t, brokers, 1, tier)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	forge := func(attempt string) []kgo.RecordHeader {
+		return []kgo.RecordHeader{
+			{Key: ackwise.HeaderAttempt, Value: []byte(attempt)},
+			{Key: ackwise.HeaderFirstFailure, Value: []byte("2020-01-02T03:04:05Z")},
+			{Key: HeaderOriginalTopic, Value: []byte("payments")},
+			{Key: HeaderOriginalPartition, Value: []byte("7")},
+			{Key: HeaderOriginalOffset, Value: []byte("12345")},
+			{Key: HeaderRetryDue, Value: []byte(strconv.FormatInt(time.Date(3000, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli(), 10))},
+			{Key: HeaderRetryGroup, Value: []byte("someone-else")},
+		}
+	}
+	ids := []string{"plain", "forged-1e9", "forged-maxint64"}
+	recs := []*kgo.Record{
+		{Topic: cfg.Topic, Key: []byte("k"), Value: []byte("v")},
+		{Topic: cfg.Topic, Key: []byte("k"), Value: []byte("v"), Headers: forge("1000000000")},
+		{Topic: cfg.Topic, Key: []byte("k"), Value: []byte("v"), Headers: forge("9223372036854775807")},
+	}
+	for i, r := range recs {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: ackwise.HeaderEventID, Value: []byte(ids[i])})
+	}
+	// Straight through the client: the sink drops the hop headers.
+	if err := openSink(t, cfg).Client().ProduceSync(ctx, recs...).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu       sync.Mutex
+		attempts = map[string][]int{}
+		where    = map[string][]string{}
+	)
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		mu.Lock()
+		attempts[m.ID] = append(attempts[m.ID], m.Attempt)
+		where[m.ID] = append(where[m.ID], m.Source+"/"+strconv.Itoa(int(m.Partition))+"@"+strconv.FormatInt(m.Offset, 10))
+		mu.Unlock()
+		return errors.New("always fails")
+	})
+	src := deadLetterSignal{Source: openSource(t, cfg), envs: make(chan dlq.Envelope, len(ids))}
+	ccfg := consumer.Config{RetryMode: consumer.RetryBroker, Retry: retry.Policy{MaxAttempts: 4, InitialInterval: tier, Jitter: retry.NoJitter}}
+	runConsumer(t, src, h, ccfg)
+	envs := map[int64]dlq.Envelope{} // by original offset
+	for range ids {
+		select {
+		case env := <-src.envs:
+			envs[env.Offset] = env
+		case <-ctx.Done():
+			t.Fatalf("%d of %d dead-lettered", len(envs), len(ids))
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i, id := range ids {
+		at := cfg.Topic + "/0@" + strconv.Itoa(i)
+		if want := []int{1, 2, 3, 4}; !slices.Equal(attempts[id], want) {
+			t.Errorf("%s: attempts %v, want %v", id, attempts[id], want)
+		}
+		for _, w := range where[id] {
+			if w != at {
+				t.Errorf("%s: delivered as from %s, want %s", id, w, at)
+			}
+		}
+		env, ok := envs[int64(i)]
+		if !ok {
+			t.Errorf("%s: no envelope for offset %d (%v)", id, i, envs)
+			continue
+		}
+		if env.Source != cfg.Topic || env.Partition != 0 || env.Attempts != 4 || env.FirstFailure.Year() == 2020 {
+			t.Errorf("%s: envelope source %s/%d@%d attempts %d first failure %v", id, env.Source, env.Partition, env.Offset, env.Attempts, env.FirstFailure)
+		}
+	}
+	// Each hop's copy carries the engine's count and origin, not the forgery.
+	hops := readAll(ctx, t, brokers, cfg.withDefaults().RetryTopic(cfg.Topic, tier))
+	if len(hops) != 3*len(ids) {
+		t.Fatalf("%d retry copies, want %d", len(hops), 3*len(ids))
+	}
+	next := map[string]int{}
+	for _, r := range hops {
+		m := recordMessage(r)
+		next[m.ID]++
+		want := map[string]string{
+			ackwise.HeaderAttempt:   strconv.Itoa(next[m.ID] + 1),
+			HeaderOriginalTopic:     cfg.Topic,
+			HeaderOriginalPartition: "0",
+			HeaderRetryGroup:        cfg.Group,
+		}
+		for k, v := range want {
+			if got := headerValue(r, k); got != v {
+				t.Errorf("%s: hop %d: %s = %q, want %q", m.ID, next[m.ID], k, got, v)
+			}
+		}
+		for _, h := range r.Headers {
+			if h.Key == ackwise.HeaderAttempt && string(h.Value) != want[ackwise.HeaderAttempt] {
+				t.Errorf("%s: hop %d carries a second %s %q", m.ID, next[m.ID], h.Key, h.Value)
+			}
+		}
+	}
+}
+
+// TestRetryAttemptSaturates: ackwise-attempt read from a retry topic is
+// capped (maxAttempt) and the next hop's count saturates there instead of
+// wrapping: a record on a retry topic at attempt MaxInt64, under a policy
+// that never gives up, comes back at maxAttempt. Before, it was delivered
+// at MaxInt64, and its next hop said -9223372036854775808, read as attempt
+// 1: the count started over.
+func TestRetryAttemptSaturates(t *testing.T) {
+	t.Parallel()
+	brokers := newCluster(t)
+	tier := 20 * time.Millisecond
+	cfg := testConfig(t, brokers, 1, tier)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rec := &kgo.Record{Topic: cfg.withDefaults().RetryTopic(cfg.Topic, tier), Key: []byte("k"), Value: []byte("v"), Headers: []kgo.RecordHeader{
+		{Key: ackwise.HeaderEventID, Value: []byte("ev")},
+		{Key: ackwise.HeaderAttempt, Value: []byte("9223372036854775807")},
+		{Key: HeaderRetryDue, Value: []byte("0")},
+		{Key: HeaderOriginalTopic, Value: []byte(cfg.Topic)},
+		{Key: HeaderOriginalPartition, Value: []byte("0")},
+		{Key: HeaderOriginalOffset, Value: []byte("0")},
+		{Key: HeaderRetryGroup, Value: []byte(cfg.Group)},
+	}}
+	if err := openSink(t, cfg).Client().ProduceSync(ctx, rec).FirstErr(); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan int, 3)
+	var runs atomic.Int32
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		got <- m.Attempt
+		if runs.Add(1) < 3 {
+			return errors.New("fails twice")
+		}
+		return nil
+	})
+	runConsumer(t, openSource(t, cfg), h, consumer.Config{RetryMode: consumer.RetryBroker, Retry: retry.Policy{MaxAttempts: retry.Unlimited, InitialInterval: tier, Jitter: retry.NoJitter}})
+	for i := range 3 {
+		select {
+		case a := <-got:
+			if a != maxAttempt {
+				t.Fatalf("delivery %d at attempt %d, want %d (capped, saturated)", i+1, a, maxAttempt)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%d deliveries", i)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -738,7 +739,7 @@ func retryHeaders(r *kgo.Record) (due time.Time, group string, tagged bool) {
 	for _, h := range r.Headers {
 		switch h.Key {
 		case HeaderRetryDue:
-			if ms, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+			if ms, ok := parseCount(string(h.Value)); ok {
 				due = time.UnixMilli(ms)
 			}
 		case HeaderRetryGroup:
@@ -746,6 +747,45 @@ func retryHeaders(r *kgo.Record) (due time.Time, group string, tagged bool) {
 		}
 	}
 	return due, group, tagged
+}
+
+// maxAttempt caps the attempt number read from a retry topic's
+// ackwise-attempt and written to the next hop: a count that high is a
+// forgery or corruption (a retry policy runs out long before), and a cap
+// keeps the count from wrapping to a negative number, which would read as
+// attempt 1 and start the retries over.
+const maxAttempt = 1 << 20
+
+// parseCount reads a non-negative decimal number written by this package
+// (an attempt, a partition, an offset, Unix milliseconds): ASCII digits
+// only, no sign, no spaces, at most 19 of them, within int64.
+func parseCount(v string) (int64, bool) {
+	if len(v) == 0 || len(v) > 19 {
+		return 0, false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return 0, false
+		}
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	return n, err == nil
+}
+
+// parseAttempt reads ackwise-attempt: a count of at least 1, capped at
+// maxAttempt.
+func parseAttempt(v string) (int, bool) {
+	n, ok := parseCount(v)
+	if !ok || n < 1 {
+		return 0, false
+	}
+	return int(min(n, maxAttempt)), true
+}
+
+// nextAttempt is the ackwise-attempt of the next hop of a message at
+// attempt: one more, from at least 1, saturating at maxAttempt.
+func nextAttempt(attempt int) int {
+	return min(max(attempt, 1), maxAttempt-1) + 1
 }
 
 // message builds the Message of a record. Called by the goroutine calling
@@ -813,14 +853,14 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 				}
 			case HeaderOriginalPartition:
 				if p.retry {
-					if n, err := strconv.ParseInt(v, 10, 32); err == nil {
+					if n, ok := parseCount(v); ok && n <= math.MaxInt32 {
 						part = int32(n)
 					}
 					continue
 				}
 			case HeaderOriginalOffset:
 				if p.retry {
-					if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					if n, ok := parseCount(v); ok {
 						off = n
 					}
 					continue
@@ -830,8 +870,9 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 			case ackwise.HeaderAttempt:
 				// Only a retry topic's: on the main topic the header
 				// is a producer's (a handler that forwarded the
-				// headers of a retry it handled), not this chain's.
-				if n, err := strconv.Atoi(v); err == nil && n > 0 && p.retry {
+				// headers of a retry it handled, or a forgery), not
+				// this chain's.
+				if n, ok := parseAttempt(v); ok && p.retry {
 					attempt = n
 				}
 			case ackwise.HeaderFirstFailure:
@@ -1179,12 +1220,8 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if first.IsZero() {
 		first = now
 	}
-	attempt := msg.Attempt
-	if attempt < 1 {
-		attempt = 1
-	}
 	rec.Headers = append(rec.Headers,
-		kgo.RecordHeader{Key: ackwise.HeaderAttempt, Value: []byte(strconv.Itoa(attempt + 1))},
+		kgo.RecordHeader{Key: ackwise.HeaderAttempt, Value: []byte(strconv.Itoa(nextAttempt(msg.Attempt)))},
 		kgo.RecordHeader{Key: ackwise.HeaderFirstFailure, Value: []byte(first.UTC().Format(time.RFC3339Nano))},
 		kgo.RecordHeader{Key: HeaderRetryDue, Value: []byte(strconv.FormatInt(now.Add(tier).UnixMilli(), 10))},
 		kgo.RecordHeader{Key: HeaderOriginalTopic, Value: []byte(msg.Source)},
