@@ -3,6 +3,7 @@ package kafka
 import (
 	"encoding/base64"
 	"encoding/binary"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -12,7 +13,9 @@ import (
 // next owner of the partition (or this member after a crash) skips them and
 // replays only unsettled records. Kafka bounds metadata (offset.metadata.
 // max.bytes, 4096 by default); the set is cut to fit, which only means more
-// replays, never a loss.
+// replays, never a loss. A set is believed only if it decodes cleanly
+// (decodeSettled) and names records below the partition's end when it is
+// assigned (Source.onAssigned).
 
 // metaPrefix marks ackwise's metadata; other metadata is ignored. After it
 // comes the committed offset the set was encoded against, then ":" and the
@@ -49,8 +52,17 @@ func encodeSettled(base int64, offs []int64) string {
 
 // decodeSettled is the inverse of encodeSettled; it returns nil for metadata
 // it does not recognize or that was encoded against another base than the
-// committed offset base.
+// committed offset base. Anyone allowed to commit for the group can write
+// the metadata, so it is read as untrusted: metadata longer than
+// encodeSettled writes, malformed past its prefix (bad base64, a cut or
+// zero delta), with a negative base, or whose deltas go past MaxInt64
+// (int64 addition would wrap to offsets below the base) is ignored as a
+// whole. Ignored, it costs redeliveries of the settled records above base,
+// never a skip of records nobody settled.
 func decodeSettled(base int64, meta string) map[int64]struct{} {
+	if base < 0 || len(meta) > maxMetaBytes {
+		return nil
+	}
 	rest, ok := strings.CutPrefix(meta, metaPrefix)
 	if !ok {
 		return nil
@@ -67,8 +79,8 @@ func decodeSettled(base int64, meta string) map[int64]struct{} {
 	prev := base
 	for len(raw) > 0 {
 		d, n := binary.Uvarint(raw)
-		if n <= 0 || d == 0 {
-			return out
+		if n <= 0 || d == 0 || d > uint64(math.MaxInt64-prev) {
+			return nil
 		}
 		raw = raw[n:]
 		prev += int64(d)

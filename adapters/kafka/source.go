@@ -9,6 +9,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -240,7 +241,22 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 	// The settled offsets above each committed offset, left in the commit
 	// metadata by the previous owner: they are not delivered again.
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	offs, err := kadm.NewClient(cl).FetchOffsets(fctx, s.cfg.Group)
+	adm := kadm.NewClient(cl)
+	offs, err := adm.FetchOffsets(fctx, s.cfg.Group)
+	var ends kadm.ListedOffsets
+	if err == nil && hasSettledSets(offs, assigned) {
+		// A set may name only records that exist: offsets at or past a
+		// partition's end are a forgery, or what a truncation (an
+		// unclean leader election) took back, and the records written
+		// there next were never settled.
+		var topics []string
+		for t := range assigned {
+			topics = append(topics, t)
+		}
+		if ends, err = adm.ListEndOffsets(fctx, topics...); err != nil {
+			offs = nil
+		}
+	}
 	cancel()
 	if err != nil {
 		s.log.Warn("kafka: cannot read commit metadata; settled records above the committed offsets will be redelivered", "group", s.cfg.Group, "err", err)
@@ -268,6 +284,13 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 			}
 			if o, ok := offs.Lookup(t, id); ok && o.Err == nil && o.At >= 0 {
 				p.skip = decodeSettled(o.At, o.Metadata)
+				if len(p.skip) > 0 {
+					if e, ok := ends.Lookup(t, id); !ok || e.Err != nil || !below(p.skip, e.Offset) {
+						s.log.Warn("kafka: commit metadata names records past the partition's end; ignored, the records above the committed offset will be redelivered",
+							"group", s.cfg.Group, "topic", t, "partition", id)
+						p.skip = nil
+					}
+				}
 				if len(p.skip) == 0 {
 					p.skip = nil
 				}
@@ -277,6 +300,29 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 	}
 	resumeLocked(cl, unpause)
 	s.log.Debug("kafka: partitions assigned", "group", s.cfg.Group, "partitions", assigned)
+}
+
+// hasSettledSets reports whether offs holds ackwise's commit metadata for
+// a partition of assigned.
+func hasSettledSets(offs kadm.OffsetResponses, assigned map[string][]int32) bool {
+	for t, ids := range assigned {
+		for _, id := range ids {
+			if o, ok := offs.Lookup(t, id); ok && o.Err == nil && strings.HasPrefix(o.Metadata, metaPrefix) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// below reports whether every offset of set is below end.
+func below(set map[int64]struct{}, end int64) bool {
+	for o := range set {
+		if o >= end {
+			return false
+		}
+	}
+	return true
 }
 
 // onRevoked runs before revoked partitions are released: new deliveries
