@@ -6,10 +6,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/sasl/plain"
@@ -56,7 +58,8 @@ func init() {
 //   - tls: true to dial with TLS; tls_ca (PEM file of CAs to trust),
 //     tls_cert and tls_key (PEM files of a client certificate),
 //     tls_server_name, tls_insecure_skip_verify=true (tests only): any of
-//     these turns TLS on, and is an error beside tls=false;
+//     these turns TLS on, and is an error beside tls=false; the PEM files
+//     must be regular files of at most 1 MiB;
 //   - sasl: plain, scram-sha-256 or scram-sha-512, with the user and
 //     password from the URL's user info.
 //
@@ -236,7 +239,7 @@ func tlsFromQuery(q url.Values) (*tls.Config, error) {
 		c.InsecureSkipVerify = b
 	}
 	if f := q.Get("tls_ca"); f != "" {
-		pem, err := os.ReadFile(f)
+		pem, err := readPEM(f)
 		if err != nil {
 			return nil, fmt.Errorf("kafka: URL parameter tls_ca = %q: %w", f, err)
 		}
@@ -251,11 +254,45 @@ func tlsFromQuery(q url.Values) (*tls.Config, error) {
 		return nil, fmt.Errorf("kafka: URL parameters tls_cert = %q and tls_key = %q: give both or neither", certF, keyF)
 	}
 	if certF != "" {
-		cert, err := tls.LoadX509KeyPair(certF, keyF)
+		certPEM, err := readPEM(certF)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: URL parameter tls_cert = %q: %w", certF, err)
+		}
+		keyPEM, err := readPEM(keyF)
+		if err != nil {
+			return nil, fmt.Errorf("kafka: URL parameter tls_key = %q: %w", keyF, err)
+		}
+		cert, err := tls.X509KeyPair(certPEM, keyPEM)
 		if err != nil {
 			return nil, fmt.Errorf("kafka: URL parameters tls_cert = %q, tls_key = %q: %w", certF, keyF, err)
 		}
 		c.Certificates = []tls.Certificate{cert}
 	}
 	return c, nil
+}
+
+// maxPEMBytes bounds a PEM file named in a URL.
+const maxPEMBytes = 1 << 20
+
+// readPEM reads the PEM file name, which must be a regular file of at most
+// maxPEMBytes: a URL naming a device or a pipe (/dev/zero, a FIFO) must not
+// make parsing it read for ever or wait for a writer.
+func readPEM(name string) ([]byte, error) {
+	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxPEMBytes+1))
+	if err == nil && len(b) > maxPEMBytes {
+		err = fmt.Errorf("larger than %d bytes", maxPEMBytes)
+	}
+	return b, err
 }

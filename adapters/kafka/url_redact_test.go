@@ -2,8 +2,11 @@ package kafka
 
 import (
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A password with an unescaped '/', '?' or '#' ends the user info early and
@@ -48,6 +51,36 @@ func TestURLWithUserAndAtAfterHostNotShown(t *testing.T) {
 		_, err = ParseURL(u)
 		if err == nil || strings.Contains(err.Error(), "two") {
 			t.Errorf("%s: %v", raw, err)
+		}
+	}
+}
+
+// TestURLTLSFilesBounded: a tls_ca, tls_cert or tls_key naming something
+// other than a regular file (a device such as /dev/zero, a directory) or a
+// file over maxPEMBytes is refused at once, naming the parameter. Before,
+// tls_ca=/dev/zero read until memory ran out.
+func TestURLTLSFilesBounded(t *testing.T) {
+	big := filepath.Join(t.TempDir(), "big.pem")
+	if err := os.WriteFile(big, make([]byte, maxPEMBytes+1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"tls_ca=/dev/zero", "tls_ca=" + t.TempDir(), "tls_ca=" + big,
+		"tls_cert=/dev/zero&tls_key=/dev/zero", "tls_cert=" + big + "&tls_key=" + big,
+	} {
+		u, err := url.Parse("kafka://h:9092/t?" + q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := ParseURL(u); done <- err }()
+		select {
+		case err := <-done:
+			if err == nil || !strings.Contains(err.Error(), "tls_") {
+				t.Errorf("%s: %v, want refused naming the parameter", q, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: still reading after 10s", q)
 		}
 	}
 }
