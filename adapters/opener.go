@@ -79,6 +79,22 @@ func MisplacedUserInfo(u *url.URL) bool {
 	return strings.Contains(u.Opaque, "@") || atAfterHost(u)
 }
 
+// ErrMisplacedUserInfo is returned (wrapped) by [RefuseMisplacedUserInfo].
+var ErrMisplacedUserInfo = errors.New("URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it, and a literal '@' as %40)")
+
+// RefuseMisplacedUserInfo returns an error wrapping [ErrMisplacedUserInfo],
+// prefixed with adapter ("memory"), when u's user info most likely ended
+// early ([MisplacedUserInfo]), and nil otherwise. The error shows no part
+// of u: the host, path, query or fragment may now hold the password. An
+// adapter calls it first in its URL parser, before any error that names a
+// parameter or the destination.
+func RefuseMisplacedUserInfo(adapter string, u *url.URL) error {
+	if MisplacedUserInfo(u) {
+		return fmt.Errorf("%s: %w", adapter, ErrMisplacedUserInfo)
+	}
+	return nil
+}
+
 // atAfterHost reports whether u's path, query or fragment holds an '@'.
 func atAfterHost(u *url.URL) bool {
 	return strings.Contains(u.EscapedPath(), "@") || strings.Contains(u.RawQuery, "@") || strings.Contains(u.EscapedFragment(), "@")

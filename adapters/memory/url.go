@@ -36,7 +36,10 @@ func init() {
 // with none uses the destination as it is, creating it with the broker's
 // defaults.
 // An unknown parameter, a repeated one or a bad value is an error naming the
-// parameter and the value.
+// parameter and the value. User info is ignored; a URL with an '@' after
+// its host (a password cut short by an unescaped '/', '?' or '#') is
+// refused without being shown, as the Kafka and RabbitMQ openers refuse it
+// (adapters.RefuseMisplacedUserInfo): write a literal '@' in a name as %40.
 const (
 	// ParamLease is QueueConfig.Lease, a Go duration ("30s").
 	ParamLease = "lease"
@@ -109,6 +112,12 @@ func (tg *target) keepUnset() {
 
 func parseURL(u *url.URL) (target, error) {
 	tg := target{broker: Default()}
+	// First: a password cut short by an unescaped '/', '?' or '#' is now in
+	// the name, a parameter or the fragment, which the errors below quote
+	// ("mem://u:12345?S3CRET@q" named the parameter "S3CRET@q").
+	if err := adapters.RefuseMisplacedUserInfo("memory", u); err != nil {
+		return tg, err
+	}
 	switch {
 	case u.Opaque != "":
 		tg.name = u.Opaque
@@ -116,7 +125,7 @@ func parseURL(u *url.URL) (target, error) {
 		tg.name = strings.Trim(u.Host+u.Path, "/")
 	}
 	if tg.name == "" {
-		return tg, fmt.Errorf("memory: URL %q names no queue or topic (want mem://NAME)", u.Redacted())
+		return tg, fmt.Errorf("memory: URL %s names no queue or topic (want mem://NAME)", adapters.RedactURL(u))
 	}
 	vals, err := url.ParseQuery(u.RawQuery)
 	if err != nil {

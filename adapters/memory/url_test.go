@@ -127,6 +127,56 @@ func TestURLErrors(t *testing.T) {
 	}
 }
 
+// TestURLErrorsHidePassword: a password with an unescaped '/', '?' or '#'
+// ends the user info early, and url.Parse puts the rest in the path, query
+// or fragment (and its start in the host). Before, the memory opener named
+// that part: "mem://u:12345?S3CRET@q" failed with "unknown URL parameter
+// S3CRET@q", and "mem://u:12345/S3CRET@q" opened a queue named after the
+// password. Now every such URL is refused, as the Kafka and RabbitMQ
+// openers refuse it, without showing any of it; a well-formed URL with a
+// password shows it redacted.
+func TestURLErrorsHidePassword(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	secrets := []string{"12345", "S3CRET"}
+	for _, raw := range []string{
+		"mem://u:12345?S3CRET@q",
+		"mem://u:12345?S3CRET@q?lease=1s",
+		"mem://u:12345/S3CRET@q",
+		"mem://u:12345#S3CRET@q",
+		"mem://u:12345/S3CRET@q?colour=blue",
+		"mem://u:12345@S3CRET?x@q",
+		"mem:u:12345S3CRET@q",
+		"mem:///u:12345S3CRET@q",
+	} {
+		for _, open := range []struct {
+			side string
+			f    func() error
+		}{
+			{"source", func() error { _, err := adapters.OpenSource(ctx, raw); return err }},
+			{"sink", func() error { _, err := adapters.OpenSink(ctx, raw); return err }},
+		} {
+			err := open.f()
+			if !errors.Is(err, adapters.ErrMisplacedUserInfo) {
+				t.Errorf("Open%s(%q) = %v, want ErrMisplacedUserInfo", open.side, raw, err)
+				continue
+			}
+			for _, s := range secrets {
+				if strings.Contains(err.Error(), s) {
+					t.Errorf("Open%s(%q): error %q shows %q of the password", open.side, raw, err, s)
+				}
+			}
+		}
+	}
+	// Well-formed user info: errors show the URL with the password hidden.
+	for _, raw := range []string{"mem://u:S3CRET@q?colour=blue", "mem://u:S3CRET@/?lease=1s", "mem://u:S3CRET@q?partitions=2"} {
+		_, err := adapters.OpenSource(ctx, raw)
+		if err == nil || strings.Contains(err.Error(), "S3CRET") {
+			t.Errorf("OpenSource(%q) = %v, want an error without the password", raw, err)
+		}
+	}
+}
+
 // Not parallel: it swaps the package-level broker (parallel tests wait
 // until it is done).
 func TestSetDefault(t *testing.T) {
