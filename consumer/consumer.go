@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"math"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -847,7 +848,10 @@ func (c *Consumer) wake(t task, retry bool) {
 		return // released by stop
 	}
 	delete(c.waiting, t.msg)
-	if retry {
+	if retry && t.msg.Attempt < math.MaxInt {
+		// Saturating: the attempt number may come from a header (a retry
+		// topic's ackwise-attempt, a delivery count), and MaxInt+1 would
+		// wrap to a negative attempt, read as attempt 1.
 		t.msg.Attempt++
 	}
 	c.queueLocked(t)

@@ -109,14 +109,17 @@ func (p Policy) Exhausted(attempt int) bool {
 // Delay returns how long to wait before redelivering a message whose attempt
 // number attempt (1-based) just failed. It costs the same for any attempt:
 // the attempt number comes from the broker (a header, a delivery count) and
-// may be huge.
+// may be huge; an attempt below 1 counts as 1. The result is never negative
+// and never above MaxInterval (with Tiers: the tier), also for a policy
+// Validate would refuse (a negative MaxInterval or tier gives 0, a NaN
+// Multiplier or Jitter a delay in range).
 func (p Policy) Delay(attempt int) time.Duration {
 	p = p.WithDefaults()
 	if attempt < 1 {
 		attempt = 1
 	}
 	if len(p.Tiers) > 0 {
-		return p.Tiers[min(attempt, len(p.Tiers))-1]
+		return max(p.Tiers[min(attempt, len(p.Tiers))-1], 0)
 	}
 	return p.expDelay(attempt)
 }
@@ -161,6 +164,9 @@ func (s *schedule) Reset() { s.n = 0 }
 // the cap would fall due at the same instant, which is what jitter is there
 // to prevent.
 func (p Policy) expDelay(attempt int) time.Duration {
+	if p.MaxInterval <= 0 { // unvalidated: nothing but 0 is in range
+		return 0
+	}
 	maxI := float64(p.MaxInterval)
 	d := math.Min(float64(p.InitialInterval)*math.Pow(p.Multiplier, float64(attempt-1)), maxI)
 	if p.Jitter != NoJitter {
