@@ -97,7 +97,10 @@
 // event arriving late can be skipped. Delta events ("add 10") cannot be
 // skipped: a skipped delta is a lost change. For them, hold the gap: apply
 // version n only after n-1 (fail an early arrival so it is retried), and let
-// the inbox make each delta apply once.
+// the inbox make each delta apply once. The version is producer input: a
+// version below 1, or one more than [VersionGateConfig].MaxVersionGap above
+// the recorded one, is dead-lettered, not recorded (a forged MaxInt64 would
+// otherwise hold its aggregate for good).
 //
 // # Classification helpers
 //

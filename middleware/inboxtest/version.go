@@ -3,9 +3,12 @@ package inboxtest
 import (
 	"context"
 	"errors"
+	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/middleware"
@@ -18,16 +21,39 @@ func versionMsg(agg string, v int64) *ackwise.Message {
 
 func gate(t testing.TB, store middleware.VersionStore, consumer string, h ackwise.HandlerFunc) ackwise.Handler {
 	t.Helper()
-	mw, err := middleware.VersionGate(store, middleware.VersionGateConfig{Consumer: consumer})
+	return gateCfg(t, store, middleware.VersionGateConfig{Consumer: consumer}, h)
+}
+
+func gateCfg(t testing.TB, store middleware.VersionStore, cfg middleware.VersionGateConfig, h ackwise.HandlerFunc) ackwise.Handler {
+	t.Helper()
+	mw, err := middleware.VersionGate(store, cfg)
 	if err != nil {
 		t.Fatalf("VersionGate: %v", err)
 	}
 	return mw(h)
 }
 
+// requireGapRefusal fails unless err is the gate's refusal of version v
+// over the recorded version rec: permanent, wrapping ErrVersionGap and
+// ErrInvalid, naming the header, the version and the recorded version.
+func requireGapRefusal(t testing.TB, err error, v, rec int64) {
+	t.Helper()
+	if !errors.Is(err, middleware.ErrVersionGap) || !errors.Is(err, middleware.ErrInvalid) || ackwise.ClassOf(err) != ackwise.ClassPermanent {
+		t.Fatalf("v%d: got %v (class %v), want a permanent error wrapping ErrVersionGap and ErrInvalid", v, err, ackwise.ClassOf(err))
+	}
+	for _, want := range []string{ackwise.HeaderAggregateVersion, " " + strconv.FormatInt(v, 10) + " ", "recorded version " + strconv.FormatInt(rec, 10)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("v%d: error %q does not name %q", v, err, want)
+		}
+	}
+}
+
 // RunVersion runs the version gate conformance tests against the stores
-// newStore returns (called once per subtest; subtests run in parallel).
+// newStore returns (called once per subtest; subtests run in parallel). A
+// store that is an InboxStore too is also tested nested in its own inbox
+// claim.
 func RunVersion(t *testing.T, newStore func(t *testing.T) middleware.VersionStore) {
+	runVersionGap(t, newStore)
 	t.Run("NewerOnly", func(t *testing.T) {
 		t.Parallel()
 		store := newStore(t)
@@ -149,6 +175,163 @@ func RunVersion(t *testing.T, newStore func(t *testing.T) middleware.VersionStor
 		}
 		if len(applied) == 0 || applied[len(applied)-1] != n {
 			t.Fatalf("applied %v, want it to end with %d", applied, n)
+		}
+	})
+}
+
+// runVersionGap runs the subtests of VersionGateConfig.MaxVersionGap and
+// of versions below 1.
+func runVersionGap(t *testing.T, newStore func(t *testing.T) middleware.VersionStore) {
+	// A forged MaxInt64 was recorded, and every later real event of the
+	// aggregate was acknowledged unrun as stale, for good.
+	t.Run("ForgedMaxVersionIsRefused", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // a claim left locked would hang
+		defer cancel()
+		store := newStore(t)
+		var applied []int64
+		h := gate(t, store, unique(t), func(ctx context.Context, msg *ackwise.Message) error {
+			v, _ := middleware.AggregateVersion(msg)
+			applied = append(applied, v)
+			return nil
+		})
+		for _, agg := range []string{"acct-old", "acct-new"} {
+			rec := int64(0)
+			if agg == "acct-old" {
+				if err := h.Handle(ctx, versionMsg(agg, 1)); err != nil {
+					t.Fatal(err)
+				}
+				rec = 1
+			}
+			requireGapRefusal(t, h.Handle(ctx, versionMsg(agg, math.MaxInt64)), math.MaxInt64, rec)
+			// Nothing was recorded: the real next version applies.
+			if err := h.Handle(ctx, versionMsg(agg, rec+1)); err != nil {
+				t.Fatalf("%s v%d after the refusal: %v", agg, rec+1, err)
+			}
+		}
+		if want := []int64{1, 2, 1}; !equal(applied, want) {
+			t.Fatalf("applied versions %v, want %v", applied, want)
+		}
+	})
+
+	t.Run("GapIsRelativeToTheRecordedVersion", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		store := newStore(t)
+		var applied []int64
+		h := gateCfg(t, store, middleware.VersionGateConfig{Consumer: unique(t), MaxVersionGap: 10}, func(ctx context.Context, msg *ackwise.Message) error {
+			v, _ := middleware.AggregateVersion(msg)
+			applied = append(applied, v)
+			return nil
+		})
+		for _, step := range []struct {
+			v, refusedOver int64 // refusedOver: the recorded version, or -1 when applied
+		}{{11, 0}, {10, -1}, {20, -1}, {31, 20}, {30, -1}, {5, -1 /* stale: acked unrun */}} {
+			err := h.Handle(ctx, versionMsg("acct", step.v))
+			if step.refusedOver >= 0 {
+				requireGapRefusal(t, err, step.v, step.refusedOver)
+			} else if err != nil {
+				t.Fatalf("v%d: %v", step.v, err)
+			}
+		}
+		if want := []int64{10, 20, 30}; !equal(applied, want) {
+			t.Fatalf("applied versions %v, want %v", applied, want)
+		}
+	})
+
+	// The default gap admits Unix nanosecond timestamps, as a first
+	// version too, and far steps between them.
+	t.Run("DefaultGapAdmitsTimestampVersions", func(t *testing.T) {
+		t.Parallel()
+		store := newStore(t)
+		var applied []int64
+		h := gate(t, store, unique(t), func(ctx context.Context, msg *ackwise.Message) error {
+			v, _ := middleware.AggregateVersion(msg)
+			applied = append(applied, v)
+			return nil
+		})
+		year2100 := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
+		now := time.Now().UnixNano()
+		for _, v := range []int64{now, now + int64(24*time.Hour), year2100} {
+			if err := h.Handle(t.Context(), versionMsg("acct", v)); err != nil {
+				t.Fatalf("v%d: %v", v, err)
+			}
+		}
+		if err := h.Handle(t.Context(), versionMsg("acct-2100", year2100)); err != nil {
+			t.Fatalf("a new aggregate at v%d: %v", year2100, err)
+		}
+		if len(applied) != 4 {
+			t.Fatalf("applied %v, want all 4", applied)
+		}
+	})
+
+	t.Run("NoLimit", func(t *testing.T) {
+		t.Parallel()
+		store := newStore(t)
+		runs := 0
+		h := gateCfg(t, store, middleware.VersionGateConfig{Consumer: unique(t), MaxVersionGap: middleware.NoVersionGapLimit}, func(context.Context, *ackwise.Message) error {
+			runs++
+			return nil
+		})
+		if err := h.Handle(t.Context(), versionMsg("acct", math.MaxInt64)); err != nil || runs != 1 {
+			t.Fatalf("MaxInt64 without a gap limit: %v, %d runs", err, runs)
+		}
+	})
+
+	t.Run("VersionsStartAtOne", func(t *testing.T) {
+		t.Parallel()
+		store := newStore(t)
+		runs := 0
+		count := func(context.Context, *ackwise.Message) error { runs++; return nil }
+		h := gate(t, store, unique(t), count)
+		for _, v := range []int64{0, -1, math.MinInt64} {
+			err := h.Handle(t.Context(), versionMsg("acct", v))
+			if !errors.Is(err, middleware.ErrInvalid) || ackwise.ClassOf(err) != ackwise.ClassPermanent {
+				t.Fatalf("v%d: got %v, want a permanent error wrapping ErrInvalid", v, err)
+			}
+		}
+		// Also when a VersionFunc returns it.
+		zero := gateCfg(t, store, middleware.VersionGateConfig{Consumer: unique(t), VersionFunc: func(*ackwise.Message) (int64, error) { return 0, nil }}, count)
+		if err := zero.Handle(t.Context(), versionMsg("acct", 1)); !errors.Is(err, middleware.ErrInvalid) || ackwise.ClassOf(err) != ackwise.ClassPermanent {
+			t.Fatalf("VersionFunc version 0: got %v, want a permanent error wrapping ErrInvalid", err)
+		}
+		if runs != 0 {
+			t.Fatalf("the handler ran %d times", runs)
+		}
+	})
+
+	// With an inbox of the same store outside it, the gate's claim is
+	// nested in the inbox's transaction (a savepoint): a refusal rolls
+	// back the gate's part and leaves the inbox's claim usable.
+	t.Run("RefusalInsideAnInboxClaim", func(t *testing.T) {
+		t.Parallel()
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+		defer cancel()
+		store := newStore(t)
+		inboxStore, ok := store.(middleware.InboxStore)
+		if !ok {
+			return // not an inbox store too: nothing to nest in
+		}
+		consumer := unique(t)
+		inbox, err := middleware.Inbox(inboxStore, middleware.InboxConfig{Consumer: consumer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gateMW, err := middleware.VersionGate(store, middleware.VersionGateConfig{Consumer: consumer, MaxVersionGap: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := 0
+		h := ackwise.Chain(ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { runs++; return nil }), inbox, gateMW)
+		requireGapRefusal(t, h.Handle(ctx, versionMsg("acct", 101)), 101, 0)
+		for _, v := range []int64{100, 101} {
+			if err := h.Handle(ctx, versionMsg("acct", v)); err != nil {
+				t.Fatalf("v%d: %v", v, err)
+			}
+		}
+		if runs != 2 {
+			t.Fatalf("the handler ran %d times, want 2", runs)
 		}
 	})
 }

@@ -81,12 +81,17 @@ func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middle
 }
 
 // ClaimVersion implements [middleware.VersionStore].
-func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, bool, error) {
-	ok, err := s.lockKey(ctx, key, func() bool { v, seen := s.versions[key]; return !seen || v < version })
+func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, int64, bool, error) {
+	var recorded int64
+	ok, err := s.lockKey(ctx, key, func() bool {
+		v, seen := s.versions[key]
+		recorded = v // 0 when unseen
+		return !seen || v < version
+	})
 	if err != nil || !ok {
-		return nil, false, err
+		return nil, recorded, false, err
 	}
-	return &claim{s: s, k: key, commit: func() { s.versions[key] = version }}, true, nil
+	return &claim{s: s, k: key, commit: func() { s.versions[key] = version }}, recorded, true, nil
 }
 
 // Handled reports whether key has a committed record.

@@ -74,6 +74,7 @@ type Store struct {
 	claimSQL    string
 	claimPrefix string // BEGIN; INSERT … VALUES (, for the pipelined claim
 	versionSQL  string
+	lockVerSQL  string
 	pruneSQL    string
 	handledSQL  string
 	getVerSQL   string
@@ -139,6 +140,7 @@ func New(db *pgxpool.Pool, cfg Config) (*Store, error) {
 	s.versionSQL = `INSERT INTO ` + s.versionTable + ` AS cur (consumer, aggregate, version) VALUES ($1, $2, $3)
 ON CONFLICT (consumer, aggregate) DO UPDATE SET version = EXCLUDED.version, updated_at = now()
 WHERE cur.version < EXCLUDED.version`
+	s.lockVerSQL = `SELECT version FROM ` + s.versionTable + ` WHERE consumer = $1 AND aggregate = $2 FOR UPDATE`
 	s.pruneSQL = `DELETE FROM ` + s.table + ` WHERE ctid = ANY(ARRAY(
 SELECT ctid FROM ` + s.table + ` WHERE processed_at < now() - $1::bigint * interval '1 microsecond' LIMIT $2))`
 	s.handledSQL = `SELECT EXISTS (SELECT 1 FROM ` + s.table + ` WHERE consumer = $1 AND event_id = $2)`
@@ -231,32 +233,74 @@ func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middle
 	return s.claimTop(ctx, key)
 }
 
-// ClaimVersion implements [middleware.VersionStore] with one upsert that
-// writes version only where it is newer than the stored one; the row lock
-// makes a concurrent claim on the aggregate wait until this one ends.
-func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, bool, error) {
+// ClaimVersion implements [middleware.VersionStore]. In one round trip (a
+// pipelined batch) it reads the recorded version with SELECT … FOR UPDATE,
+// which locks the aggregate's row (waiting for a concurrent claim to end,
+// and then reading what it committed), and runs an upsert that writes
+// version only where it is newer than the stored one; a concurrent claim
+// on the aggregate waits on the row lock until this one ends. Nested in
+// the transaction of another claim on the same pool, it runs in a
+// savepoint.
+func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, int64, bool, error) {
 	if st := s.enclosing(ctx); st != nil {
-		return s.claimNested(ctx, st.tx, s.versionSQL, key.Consumer, key.Aggregate, version)
+		tx, err := st.tx.Begin(ctx)
+		if err != nil {
+			return nil, 0, false, fmt.Errorf("pginbox: savepoint: %w", err)
+		}
+		recorded, newer, err := s.claimVersionIn(ctx, tx, key, version)
+		if err != nil || !newer {
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+			if err != nil {
+				return nil, 0, false, claimError("claim version", err)
+			}
+			return nil, recorded, false, nil
+		}
+		return &claim{store: s, tx: tx}, recorded, true, nil
 	}
 	conn, err := s.db.Acquire(ctx)
 	if err != nil {
-		return nil, false, fmt.Errorf("pginbox: acquire: %w", err)
+		return nil, 0, false, fmt.Errorf("pginbox: acquire: %w", err)
 	}
 	tx, err := conn.BeginTx(ctx, s.opts)
 	if err != nil {
 		conn.Release()
-		return nil, false, fmt.Errorf("pginbox: begin: %w", err)
+		return nil, 0, false, fmt.Errorf("pginbox: begin: %w", err)
 	}
 	c := &claim{store: s, tx: tx, conn: conn}
-	tag, err := tx.Exec(ctx, s.versionSQL, key.Consumer, key.Aggregate, version)
-	if err != nil || tag.RowsAffected() == 0 {
+	recorded, newer, err := s.claimVersionIn(ctx, tx, key, version)
+	if err != nil || !newer {
 		_ = c.Rollback(context.WithoutCancel(ctx))
 		if err != nil {
-			return nil, false, claimError("claim version", err)
+			return nil, 0, false, claimError("claim version", err)
 		}
-		return nil, false, nil
+		return nil, recorded, false, nil
 	}
-	return c, true, nil
+	return c, recorded, true, nil
+}
+
+// claimVersionIn reads the recorded version of key (0 when none) with a row
+// lock and upserts version in tx, in one pipelined batch; newer reports
+// whether the upsert wrote it.
+func (s *Store) claimVersionIn(ctx context.Context, tx pgx.Tx, key middleware.VersionKey, version int64) (recorded int64, newer bool, err error) {
+	b := &pgx.Batch{}
+	b.Queue(s.lockVerSQL, key.Consumer, key.Aggregate)
+	b.Queue(s.versionSQL, key.Consumer, key.Aggregate, version)
+	br := tx.SendBatch(ctx, b)
+	err = br.QueryRow().Scan(&recorded)
+	if errors.Is(err, pgx.ErrNoRows) {
+		recorded, err = 0, nil
+	}
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	return recorded, tag.RowsAffected() > 0, nil
 }
 
 // claimTop claims key in a new transaction on a connection of its own.

@@ -92,6 +92,7 @@ type Store struct {
 
 	claimSQL   string
 	versionSQL string
+	lockVerSQL string
 	pruneSQL   string
 }
 
@@ -124,6 +125,7 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	s.versionSQL = `INSERT INTO ` + s.versionTable + ` AS cur (consumer, aggregate, version, updated_at) VALUES (?, ?, ?, ?)
 ON CONFLICT (consumer, aggregate) DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at
 WHERE cur.version < excluded.version`
+	s.lockVerSQL = `UPDATE ` + s.versionTable + ` SET version = version WHERE consumer = ? AND aggregate = ? RETURNING version`
 	s.pruneSQL = `DELETE FROM ` + s.table + ` WHERE (consumer, event_id) IN (SELECT consumer, event_id FROM ` + s.table + ` WHERE processed_at < ? LIMIT ?)`
 	return s, nil
 }
@@ -191,16 +193,34 @@ func Tx(ctx context.Context) *sql.Tx {
 // same *sql.DB, whichever Store made it). Concurrent claimers queue on
 // SQLite's write lock.
 func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middleware.Claim, bool, error) {
-	return s.claim(ctx, s.claimSQL, key.Consumer, key.EventID, time.Now().UnixMilli())
+	return s.claim(ctx, nil, s.claimSQL, key.Consumer, key.EventID, time.Now().UnixMilli())
 }
 
 // ClaimVersion implements [middleware.VersionStore] with an upsert that
-// writes version only where it is newer than the stored one.
-func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, bool, error) {
-	return s.claim(ctx, s.versionSQL, key.Consumer, key.Aggregate, version, time.Now().UnixMilli())
+// writes version only where it is newer than the stored one. Before it, in
+// the same transaction, it reads the recorded version with a no-op UPDATE …
+// RETURNING, which takes the write lock (a SELECT would take a read
+// snapshot, and the upsert after it would fail with SQLITE_BUSY if another
+// connection wrote in between, on a database whose transactions begin
+// deferred).
+func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, int64, bool, error) {
+	var recorded int64
+	read := func(ctx context.Context, tx *sql.Tx) error {
+		err := tx.QueryRowContext(ctx, s.lockVerSQL, key.Consumer, key.Aggregate).Scan(&recorded)
+		if errors.Is(err, sql.ErrNoRows) {
+			recorded = 0
+			return nil
+		}
+		return err
+	}
+	c, newer, err := s.claim(ctx, read, s.versionSQL, key.Consumer, key.Aggregate, version, time.Now().UnixMilli())
+	return c, recorded, newer, err
 }
 
-func (s *Store) claim(ctx context.Context, query string, args ...any) (middleware.Claim, bool, error) {
+// claim opens a claim: a transaction (or a savepoint of the enclosing
+// claim's), in which it runs pre (when not nil) and then query, an INSERT
+// that affects no row when the claim is not to be made.
+func (s *Store) claim(ctx context.Context, pre func(context.Context, *sql.Tx) error, query string, args ...any) (middleware.Claim, bool, error) {
 	c := &claim{store: s}
 	// stop detaches the transaction from ctx once the claim is made; it
 	// reports false when ctx ended first (the transaction is then being
@@ -233,10 +253,16 @@ func (s *Store) claim(ctx context.Context, query string, args ...any) (middlewar
 		}
 		c.tx = tx
 	}
-	res, err := c.tx.ExecContext(ctx, query, args...)
+	var err error
+	if pre != nil {
+		err = pre(ctx, c.tx)
+	}
 	var n int64
 	if err == nil {
-		n, err = res.RowsAffected()
+		var res sql.Result
+		if res, err = c.tx.ExecContext(ctx, query, args...); err == nil {
+			n, err = res.RowsAffected()
+		}
 	}
 	if !stop() && err == nil {
 		err = context.Cause(ctx)
