@@ -9,6 +9,8 @@
 // [Inspect] reads dead letters without consuming them; [Redrive] moves them
 // back to a work queue or topic with a rate cap, publishing each one (with
 // its event ID unchanged, so idempotent consumers absorb repeats) before it
-// acknowledges the dead letter. The ackwise CLI (cmd/ackwise) wraps both;
+// acknowledges the dead letter. Redrive counts the redrives of each message
+// (header ackwise-redrive-count) and never sends the same dead letters round
+// for ever, also into a consumer that still fails them. The ackwise CLI (cmd/ackwise) wraps both;
 // docs/redrive.md says how to redrive safely.
 package dlq

@@ -131,3 +131,33 @@ func TestNewSurvivesErrorTextThatPanics(t *testing.T) {
 		t.Fatalf("Error = %q: want the text fmt gives an Error method that panicked", env.Error)
 	}
 }
+
+// TestRedriveCountSurvivesDeadLettering: ackwise-redrive-count is one of
+// the message's own headers, not an envelope header: Apply (dead-lettering
+// again) and Strip (redrive) keep it, so that a redriven message that fails
+// again carries its count into the next dead letter.
+func TestRedriveCountSurvivesDeadLettering(t *testing.T) {
+	t.Parallel()
+	if strings.HasPrefix(dlq.HeaderRedriveCount, dlq.HeaderPrefix) {
+		t.Fatalf("%s starts with the envelope prefix %s: Apply would replace it", dlq.HeaderRedriveCount, dlq.HeaderPrefix)
+	}
+	msg := &ackwise.Message{ID: "e1", Attempt: 1, Headers: ackwise.HeadersOf("x-tenant", "acme", dlq.HeaderRedriveCount, "2")}
+	env := dlq.New(msg, dlq.ReasonPermanent, errors.New("bad"), ackwise.ClassPermanent, time.Now(), "billing", "")
+	h := env.Apply(msg.Headers)
+	if h.Get(dlq.HeaderRedriveCount) != "2" || dlq.Strip(h).Get(dlq.HeaderRedriveCount) != "2" {
+		t.Fatalf("Apply or Strip lost %s: %v", dlq.HeaderRedriveCount, h)
+	}
+	for _, c := range []struct {
+		v  string
+		n  int
+		ok bool
+	}{{"", 0, false}, {"0", 0, true}, {"7", 7, true}, {"-1", 0, false}, {"x", 0, false}, {"1e3", 0, false}, {"99999999999999999999", 0, false}} {
+		n, ok := dlq.RedriveCount(ackwise.HeadersOf(dlq.HeaderRedriveCount, c.v))
+		if n != c.n || ok != c.ok {
+			t.Errorf("RedriveCount(%q) = %d, %v; want %d, %v", c.v, n, ok, c.n, c.ok)
+		}
+	}
+	if n, ok := dlq.RedriveCount(nil); n != 0 || !ok {
+		t.Errorf("RedriveCount without the header = %d, %v; want 0, true", n, ok)
+	}
+}

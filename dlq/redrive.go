@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"io"
 	"log/slog"
 	"math"
 	"slices"
+	"strconv"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -30,6 +32,45 @@ type RedriveSource interface {
 // confirmed the message.
 type RedriveSink interface {
 	Publish(ctx context.Context, msgs ...*ackwise.Message) error
+}
+
+// Backlogger is implemented by sources that can tell how many messages
+// their destination holds: a queue's depth, or on a log the records the
+// consumer group has not committed. Redrive asks once, as it starts, and
+// then receives no more new messages than that: the dead letters that come
+// back while it runs (into a consumer that still fails, whose dead letters
+// land behind the ones the run started with) are left for a later run.
+// Backlog may count messages another consumer holds; the run then ends
+// idle, a little earlier. It is called from Redrive's goroutine.
+type Backlogger interface {
+	Backlog(ctx context.Context) (int, error)
+}
+
+// HeaderRedriveCount is the number of times Redrive moved an event back
+// from a dead-letter destination. Redrive writes it on each copy it
+// publishes (the count the dead letter carried, plus one) and leaves a dead
+// letter whose count reached RedriveOptions.MaxRedrives where it is. It is
+// one of the message's own headers, not an envelope header
+// (ackwise-dlq-*): Apply and Strip keep it, and so does every adapter's
+// dead-lettering, which is how the count survives the next failure.
+const HeaderRedriveCount = "ackwise-redrive-count"
+
+// RedriveCount returns the count in h's ackwise-redrive-count header: 0
+// when there is none, and ok=false when the value is not a base-10 integer
+// from 0 to MaxInt (a producer's forgery, a foreign tool's value): Redrive
+// counts such a message as past every limit, to be moved only with Force.
+// A producer can set the header as it can any other; the most a forged
+// count does is make its message need Force.
+func RedriveCount(h ackwise.Headers) (n int, ok bool) {
+	v, has := h.Lookup(HeaderRedriveCount)
+	if !has {
+		return 0, true
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
 }
 
 // RedriveHandle is the Message.Handle of the copy Redrive publishes of a
@@ -60,6 +101,14 @@ const (
 	// DefaultPublishTimeout is RedriveOptions.PublishTimeout when it is
 	// zero.
 	DefaultPublishTimeout = 30 * time.Second
+	// DefaultMaxRedrives is RedriveOptions.MaxRedrives when it is zero: a
+	// dead letter is moved back at most 3 times without Force.
+	DefaultMaxRedrives = 3
+	// MaxMovedIDs bounds the event IDs one run remembers to never move an
+	// event twice: 2^20 (about a million), a 64-bit hash each, some 40 MB
+	// at most. A run that has moved that many events stops (StopMovedLimit);
+	// run again for the rest.
+	MaxMovedIDs = 1 << 20
 	// releaseTimeout bounds the releases at the end of a run, which run even
 	// when the run's context was cancelled.
 	releaseTimeout = 10 * time.Second
@@ -89,6 +138,14 @@ const (
 	// run has come round the whole destination. (A held message that comes
 	// back while new messages keep arriving is simply held again.)
 	StopRepeat StopReason = "repeat"
+	// StopBacklog: the run received as many messages as the dead-letter
+	// destination held when it started (the source's Backlogger): every
+	// message it started with was seen. Dead letters that came back while
+	// it ran are left for a later run.
+	StopBacklog StopReason = "backlog"
+	// StopMovedLimit: the run moved MaxMovedIDs distinct events and
+	// remembers no more; run again for the rest.
+	StopMovedLimit StopReason = "moved-limit"
 	// StopError: a receive, publish or ack failed; the error is returned.
 	StopError StopReason = "error"
 	// StopCanceled: the context was cancelled or its deadline passed.
@@ -113,6 +170,15 @@ const (
 	// ActionFailed: its publish or its ack failed; it stays in the
 	// dead-letter destination and the run stops.
 	ActionFailed Action = "failed"
+	// ActionRedriveLimit: it was redriven MaxRedrives times already (its
+	// ackwise-redrive-count), or its count is unreadable; it stays in the
+	// dead-letter destination (held, then released). Force moves it.
+	ActionRedriveLimit Action = "redrive-limit"
+	// ActionAlreadyMoved: this run moved its event ID already: it came back
+	// (its consumer failed it again) or it is a second dead letter of the
+	// event. It stays in the dead-letter destination (held, then released),
+	// also with Force.
+	ActionAlreadyMoved Action = "already-moved"
 )
 
 // RedriveOptions configure Redrive. The zero value is valid and means: move
@@ -159,6 +225,16 @@ type RedriveOptions struct {
 	// as the target is down. Zero means DefaultPublishTimeout (30s);
 	// negative is invalid.
 	PublishTimeout time.Duration
+	// MaxRedrives is how many times a dead letter may be moved back: one
+	// whose ackwise-redrive-count (HeaderRedriveCount) reached it, or is
+	// unreadable, stays in the dead-letter destination and is reported
+	// (ActionRedriveLimit, RedriveResult.RedriveLimited), so that a redrive
+	// into a consumer that still fails cannot send the same messages round
+	// for ever. Zero means DefaultMaxRedrives (3); negative is invalid.
+	MaxRedrives int
+	// Force moves the dead letters MaxRedrives would leave; their count
+	// still grows. It does not move an event twice in one run.
+	Force bool
 	// OnMessage, when set, is called from Redrive's goroutine after each
 	// decision, with the delivery, its envelope (zero for ActionNoEnvelope)
 	// and what was done. It must not keep msg.
@@ -183,6 +259,8 @@ func (o RedriveOptions) Validate() error {
 		return fmt.Errorf("dlq: RedriveOptions.MaxHeld = %d: must not be negative (0 means %d)", o.MaxHeld, DefaultMaxHeld)
 	case o.PublishTimeout < 0:
 		return fmt.Errorf("dlq: RedriveOptions.PublishTimeout = %v: must not be negative (0 means %v)", o.PublishTimeout, DefaultPublishTimeout)
+	case o.MaxRedrives < 0:
+		return fmt.Errorf("dlq: RedriveOptions.MaxRedrives = %d: must not be negative (0 means %d)", o.MaxRedrives, DefaultMaxRedrives)
 	}
 	return nil
 }
@@ -200,6 +278,18 @@ type RedriveResult struct {
 	Skipped int
 	// NoEnvelope counts the skipped messages without a decodable envelope.
 	NoEnvelope int
+	// RedriveLimited counts the dead letters left where they were because
+	// they were redriven MaxRedrives times already (ActionRedriveLimit);
+	// Force moves them. (Not in Skipped.)
+	RedriveLimited int
+	// AlreadyMoved counts the dead letters left where they were because the
+	// run had moved their event ID already (ActionAlreadyMoved). (Not in
+	// Skipped.)
+	AlreadyMoved int
+	// Backlog is what the dead-letter source said it held when the run
+	// started (Backlogger), the most new messages the run receives; -1 when
+	// the source cannot tell.
+	Backlog int
 	// Failed counts messages whose publish or ack failed (the run stops at
 	// the first, so it is 0 or 1). Such a message stays in the dead-letter
 	// destination; after a failed ack it is also in the target, and a later
@@ -242,8 +332,9 @@ type RedriveResult struct {
 // redrive of a log without committing, publishes a message again, with the
 // same event ID.
 //
-// Messages not moved (skipped, without envelope, all of them in a dry run)
-// are held unsettled and released when the run ends, also when ctx is
+// Messages not moved (skipped, without envelope, at the redrive limit, of
+// an event the run moved already, all of them in a dry run) are held
+// unsettled and released when the run ends, also when ctx is
 // cancelled (within a bounded time). On a log (Kafka) a released record's
 // offset is not committed, so a later run with the same consumer group reads
 // again from the first skipped record, including records moved after it;
@@ -257,12 +348,25 @@ type RedriveResult struct {
 // broker's lease, or a message's lease may run out before its publish (its
 // ack then fails and the run stops: a duplicate, never a loss).
 //
+// Redrive never sends the same messages round for ever, also into a
+// consumer that still fails them (whose dead letters come back into the
+// destination the run reads). The copy carries ackwise-redrive-count, one
+// more than the dead letter's (HeaderRedriveCount); a dead letter whose
+// count reached MaxRedrives (default 3) is left where it is and reported,
+// unless Force. One run moves an event ID at most once: a dead letter of an
+// event it moved already is left (it remembers up to MaxMovedIDs event IDs;
+// dead letters without an event ID are bounded by their count alone). And
+// where the source can tell how many messages it held when the run started
+// (Backlogger), the run receives no more new messages than that.
+//
 // The run ends when no message arrives within IdleTimeout (the normal end),
-// when Max messages were moved, when MaxHeld messages are held, when a held
-// message comes back with no new message received since it was taken
-// (StopRepeat), on the first error, or when ctx is done (the result then
-// says StopCanceled and ctx's error is returned). Redrive uses from and to
-// from one goroutine; it does not close them.
+// when it received the source's backlog (StopBacklog), when Max messages
+// were moved, when MaxHeld messages are held, when it remembers
+// MaxMovedIDs event IDs (StopMovedLimit), when a held message comes back
+// with no new message received since it was taken (StopRepeat), on the
+// first error, or when ctx is done (the result then says StopCanceled and
+// ctx's error is returned). Redrive uses from and to from one goroutine; it
+// does not close them.
 func Redrive(ctx context.Context, from RedriveSource, to RedriveSink, opts RedriveOptions) (RedriveResult, error) {
 	if err := opts.Validate(); err != nil {
 		return RedriveResult{}, err
@@ -292,13 +396,27 @@ func Redrive(ctx context.Context, from RedriveSource, to RedriveSink, opts Redri
 		batch = min(maxBatch, max(1, int(math.Ceil(float64(lim.Limit())))))
 	}
 	start := time.Now()
-	res, err := r.redrive(ctx, to, lim, batch, opts)
+	backlog := -1
+	if b, ok := from.(Backlogger); ok {
+		n, err := b.Backlog(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return RedriveResult{Stop: StopCanceled, Backlog: -1, Elapsed: time.Since(start)}, ctx.Err()
+			}
+			r.log.Warn("dlq: redrive: the source cannot tell its backlog; the run is bounded by event IDs and redrive counts", slog.Any("error", err))
+		} else {
+			backlog = max(n, 0)
+		}
+	}
+	res, err := r.redrive(ctx, to, lim, batch, backlog, opts)
 	res.Elapsed = time.Since(start)
 	return res, err
 }
 
-func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, batch int, opts RedriveOptions) (RedriveResult, error) {
-	var res RedriveResult
+func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, batch, backlog int, opts RedriveOptions) (RedriveResult, error) {
+	res := RedriveResult{Backlog: backlog}
+	maxRedrives := cmp.Or(opts.MaxRedrives, DefaultMaxRedrives)
+	moved := movedIDs{seed: maphash.MakeSeed(), m: map[uint64]struct{}{}}
 	note := func(msg *ackwise.Message, env Envelope, a Action) {
 		r.log.Debug("dlq: redrive", slog.String("action", string(a)), slog.String("event_id", eventID(msg)), slog.String("broker_id", msg.BrokerID), slog.String("reason", string(env.Reason)))
 		if opts.OnMessage != nil {
@@ -327,6 +445,14 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 			break
 		}
 		want = min(want, room)
+		if backlog >= 0 {
+			left := backlog - r.seen
+			if left <= 0 {
+				res.Stop = StopBacklog
+				break
+			}
+			want = min(want, left)
+		}
 		if lim != nil && !opts.DryRun {
 			// Receive only when the next publish may go, so that no message
 			// waits for the rate cap for long while its lease runs.
@@ -369,13 +495,40 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 				r.hold(msg)
 				note(msg, env, ActionSkipped)
 				continue
+			}
+			id := eventID(msg)
+			count, countOK := RedriveCount(msg.Headers)
+			switch {
+			case id != "" && moved.has(id):
+				res.AlreadyMoved++
+				r.hold(msg)
+				note(msg, env, ActionAlreadyMoved)
+				continue
+			case !opts.Force && (!countOK || count >= maxRedrives):
+				res.RedriveLimited++
+				r.hold(msg)
+				note(msg, env, ActionRedriveLimit)
+				continue
+			case id != "" && moved.len() >= MaxMovedIDs:
+				res.Stop = StopMovedLimit
+				r.hold(msg)
+				for _, m := range buf[i+1 : n] {
+					r.hold(m)
+				}
+				clear(buf[i+1 : n])
+				res.ReleaseFailed = r.releaseAll(ctx)
+				return res, nil
 			case opts.DryRun:
 				res.WouldMove++
+				moved.add(id)
 				r.hold(msg)
 				note(msg, env, ActionWouldMove)
 				continue
 			}
-			if err := r.move(ctx, to, lim, cmp.Or(opts.PublishTimeout, DefaultPublishTimeout), msg); err != nil {
+			if !countOK {
+				count = math.MaxInt // unreadable: past every limit, and stays so
+			}
+			if err := r.move(ctx, to, lim, cmp.Or(opts.PublishTimeout, DefaultPublishTimeout), msg, count); err != nil {
 				for _, m := range buf[i+1 : n] {
 					r.hold(m)
 				}
@@ -391,6 +544,7 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 				return res, err
 			}
 			res.Moved++
+			moved.add(id)
 			note(msg, env, ActionMoved)
 		}
 	}
@@ -398,10 +552,10 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 	return res, nil
 }
 
-// move publishes msg's redrive copy to to (after the rate cap lets it) and
-// acks msg once the publish is confirmed. On any failure msg is held, to be
-// released.
-func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, timeout time.Duration, msg *ackwise.Message) error {
+// move publishes msg's redrive copy, with redrive count count+1, to to
+// (after the rate cap lets it) and acks msg once the publish is confirmed.
+// On any failure msg is held, to be released.
+func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, timeout time.Duration, msg *ackwise.Message, count int) error {
 	if lim != nil {
 		if err := lim.Wait(ctx); err != nil {
 			r.hold(msg)
@@ -413,7 +567,7 @@ func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, timeo
 		}
 	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
-	err := to.Publish(pctx, redriveCopy(msg))
+	err := to.Publish(pctx, redriveCopy(msg, count))
 	cancel()
 	if err != nil {
 		r.hold(msg)
@@ -454,17 +608,39 @@ func tokenReady(ctx context.Context, lim *rate.Limiter) error {
 // publish.
 var errRateDeadline = errors.New("dlq: redrive stopped: the context's deadline comes before the rate cap allows the next publish")
 
-// redriveCopy is the message Redrive publishes for the dead letter msg.
-func redriveCopy(msg *ackwise.Message) *ackwise.Message {
+// redriveCopy is the message Redrive publishes for the dead letter msg,
+// which was redriven count times before.
+func redriveCopy(msg *ackwise.Message, count int) *ackwise.Message {
 	h := slices.DeleteFunc(Strip(msg.Headers), func(kv ackwise.Header) bool { return ackwise.IsHopHeader(kv.Key) })
 	// Apply leaves credentials out of a dead letter; one written otherwise
 	// (by an older release, another tool) still goes back without them.
 	h = withoutSecrets(h)
-	if len(h) == 0 {
-		h = nil
+	if count < math.MaxInt { // saturating: a forged MaxInt must not wrap to a negative count
+		count++
 	}
+	h.Set(HeaderRedriveCount, strconv.Itoa(count))
 	return &ackwise.Message{ID: eventID(msg), Key: msg.Key, Payload: msg.Payload, Headers: h, Handle: RedriveHandle{DeadLetter: msg}}
 }
+
+// movedIDs is the set of event IDs a run moved, as 64-bit hashes (a
+// collision would leave a dead letter for the next run, never lose one).
+type movedIDs struct {
+	seed maphash.Seed
+	m    map[uint64]struct{}
+}
+
+func (s movedIDs) has(id string) bool {
+	_, ok := s.m[maphash.String(s.seed, id)]
+	return ok
+}
+
+func (s movedIDs) add(id string) {
+	if id != "" {
+		s.m[maphash.String(s.seed, id)] = struct{}{}
+	}
+}
+
+func (s movedIDs) len() int { return len(s.m) }
 
 func eventID(msg *ackwise.Message) string {
 	if msg.ID != "" {

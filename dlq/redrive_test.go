@@ -152,6 +152,18 @@ func equalSets(a, b []string) bool {
 	return true
 }
 
+// noBacklog is a source without Backlog (a broker that cannot tell how
+// many messages it holds): a run over it is bounded by its idle timeout,
+// leases, event IDs and redrive counts alone.
+type noBacklog struct{ s *memory.QueueSource }
+
+func (n noBacklog) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	return n.s.Receive(ctx, buf)
+}
+func (n noBacklog) Ack(ctx context.Context, m *ackwise.Message) error     { return n.s.Ack(ctx, m) }
+func (n noBacklog) Release(ctx context.Context, m *ackwise.Message) error { return n.s.Release(ctx, m) }
+func (n noBacklog) Valid(m *ackwise.Message) bool                         { return n.s.Valid(m) }
+
 func TestRedriveMovesEveryDeadLetterUnchanged(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
@@ -177,7 +189,9 @@ func TestRedriveMovesEveryDeadLetterUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Moved != 5 || res.Skipped != 0 || res.Failed != 0 || res.Stop != dlq.StopIdle || res.ReleaseFailed != 0 {
+	// The memory queue tells its backlog: the run ends once it received
+	// the 5 dead letters, without waiting to be idle.
+	if res.Moved != 5 || res.Skipped != 0 || res.Failed != 0 || res.Stop != dlq.StopBacklog || res.Backlog != 5 || res.ReleaseFailed != 0 {
 		t.Fatalf("result %+v", res)
 	}
 	if len(actions) != 5 || actions[0] != dlq.ActionMoved {
@@ -200,6 +214,7 @@ func TestRedriveMovesEveryDeadLetterUnchanged(t *testing.T) {
 		want.Del(ackwise.HeaderAttempt)
 		want.Del(ackwise.HeaderFirstFailure)
 		want.Set(ackwise.HeaderEventID, orig.ID)
+		want.Set(dlq.HeaderRedriveCount, "1")
 		if !maps.Equal(m.Headers.Map(), want.Map()) {
 			t.Fatalf("redriven %s headers\n got %v\nwant %v", m.ID, m.Headers, want)
 		}
@@ -237,7 +252,7 @@ func TestRedriveFilterByReason(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Moved != 3 || res.Skipped != 3 || res.NoEnvelope != 1 || res.Stop != dlq.StopIdle {
+	if res.Moved != 3 || res.Skipped != 3 || res.NoEnvelope != 1 || res.Stop != dlq.StopBacklog {
 		t.Fatalf("result %+v", res)
 	}
 	if got := tb.ids(t, tb.work); !equalSets(got, []string{"p0", "p1", "p2"}) {
@@ -268,7 +283,7 @@ func TestRedriveDryRunMovesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Moved != 0 || res.WouldMove != 4 || res.Skipped != 2 || res.Stop != dlq.StopIdle {
+	if res.Moved != 0 || res.WouldMove != 4 || res.Skipped != 2 || res.Stop != dlq.StopBacklog {
 		t.Fatalf("result %+v", res)
 	}
 	if !equalSets(would, []string{"p0", "p1", "p2", "p3"}) {
@@ -402,7 +417,7 @@ func TestRedriveStopsWhenAHeldMessageComesBack(t *testing.T) {
 	tb := setup(t)
 	tb.deadLetter(t, dlq.ReasonPermanent, messages("e", 3)...)
 	first := true
-	res, err := dlq.Redrive(t.Context(), tb.from, tb.to, dlq.RedriveOptions{
+	res, err := dlq.Redrive(t.Context(), noBacklog{tb.from}, tb.to, dlq.RedriveOptions{
 		IdleTimeout: quick,
 		Filter:      func(*ackwise.Message, dlq.Envelope) bool { return false },
 		OnMessage: func(*ackwise.Message, dlq.Envelope, dlq.Action) {
@@ -432,7 +447,7 @@ func TestRedriveKeepsGoingWhenAHeldMessageComesBackAmongNewOnes(t *testing.T) {
 	tb.deadLetter(t, dlq.ReasonExpired, message("old"))
 	first := true
 	var actions []string
-	res, err := dlq.Redrive(t.Context(), tb.from, tb.to, dlq.RedriveOptions{
+	res, err := dlq.Redrive(t.Context(), noBacklog{tb.from}, tb.to, dlq.RedriveOptions{
 		Rate: dlq.RateUnlimited, IdleTimeout: quick,
 		Filter: func(_ *ackwise.Message, env dlq.Envelope) bool { return env.Reason == dlq.ReasonPermanent },
 		OnMessage: func(m *ackwise.Message, _ dlq.Envelope, a dlq.Action) {

@@ -3,6 +3,7 @@ package memory
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"sync/atomic"
 	"time"
@@ -379,6 +380,7 @@ type GroupSource struct {
 var (
 	_ adapters.Source      = (*GroupSource)(nil)
 	_ adapters.Invalidator = (*GroupSource)(nil)
+	_ dlq.Backlogger       = (*GroupSource)(nil)
 )
 
 var logCaps = adapters.Capabilities{Log: true, Ordered: true}
@@ -406,6 +408,22 @@ func (b *Broker) JoinGroup(topicName, groupName string) (*GroupSource, error) {
 	g.members = append(g.members, s)
 	t.rebalanceLocked(g, now)
 	return s, nil
+}
+
+// Backlog returns the number of records of the topic the source's group
+// has not committed, over all partitions (dlq.Backlogger; dlq.Redrive
+// receives no more than that).
+func (s *GroupSource) Backlog(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	s.t.mu.Lock()
+	defer s.t.mu.Unlock()
+	var n int64
+	for _, gp := range s.g.parts {
+		n += gp.p.end - max(gp.committed, gp.p.start)
+	}
+	return int(min(n, math.MaxInt)), nil
 }
 
 // Committed returns the committed offset of each partition of group on

@@ -509,6 +509,7 @@ type QueueSource struct {
 var (
 	_ adapters.Source      = (*QueueSource)(nil)
 	_ adapters.Invalidator = (*QueueSource)(nil)
+	_ dlq.Backlogger       = (*QueueSource)(nil)
 )
 
 // QueueSource opens a consumer on the queue name, creating the queue with
@@ -528,6 +529,16 @@ func (b *Broker) QueueSource(name string) (*QueueSource, error) {
 
 // ID names the source in the history ("orders#3").
 func (s *QueueSource) ID() string { return s.id }
+
+// Backlog returns the number of messages the queue holds: ready, delayed
+// and in flight (dlq.Backlogger; dlq.Redrive receives no more than that).
+func (s *QueueSource) Backlog(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	st := s.q.stats()
+	return st.Ready + st.Delayed + st.InFlight, nil
+}
 
 // InjectFault puts a settle or receive fault in force on this source only.
 func (s *QueueSource) InjectFault(f Fault) (*InjectedFault, error) {

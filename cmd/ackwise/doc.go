@@ -4,7 +4,8 @@
 //	ackwise dlq stats   <source-url> [-n 1000] [-json] [-idle 2s]
 //	ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N]
 //	                    [-dry-run] [-reason permanent,...] [-class transient,...]
-//	                    [-idle 2s] [-max-held 10000] [-publish-timeout 30s] [-v]
+//	                    [-idle 2s] [-max-held 10000] [-publish-timeout 30s]
+//	                    [-max-redrives 3] [-force] [-v]
 //
 // URLs are opened with adapters.OpenSource and adapters.OpenSink; the
 // command registers the mem, kafka and amqp/amqps/rabbit schemes (see each
@@ -19,7 +20,12 @@
 // publishing each (payload, key, event ID and original headers unchanged,
 // envelope removed) and acknowledging it at the dead-letter source only once
 // the publish is confirmed; see dlq.Redrive and docs/redrive.md. Redrive only
-// into consumers that deduplicate on the event ID.
+// into consumers that deduplicate on the event ID. A redrive always ends,
+// also into a consumer that still fails: it counts the redrives of each
+// dead letter (header ackwise-redrive-count) and leaves, and reports, one
+// redriven -max-redrives times already unless -force; it moves an event at
+// most once per run; and it receives no more messages than the dead-letter
+// destination held when it started, where the broker can tell.
 //
 // Payloads are never printed (they may hold personal data); passwords in URLs
 // are never printed.

@@ -275,8 +275,12 @@ func letterLine(l dlq.Letter) string {
 	if !e.LastFailure.IsZero() {
 		last = e.LastFailure.UTC().Format(time.RFC3339)
 	}
-	return fmt.Sprintf("%s reason=%s class=%s attempts=%d source=%s last-failure=%s error=%q",
-		id, field(string(e.Reason)), field(e.ErrorClass), e.Attempts, field(e.Source), last, cut(e.Error, maxErrorLen))
+	redrives := ""
+	if v, ok := m.Headers.Lookup(dlq.HeaderRedriveCount); ok {
+		redrives = " redrives=" + field(cut(v, 20))
+	}
+	return fmt.Sprintf("%s reason=%s class=%s attempts=%d%s source=%s last-failure=%s error=%q",
+		id, field(string(e.Reason)), field(e.ErrorClass), e.Attempts, redrives, field(e.Source), last, cut(e.Error, maxErrorLen))
 }
 
 // field renders a value that should be one word: "-" when empty, quoted
@@ -320,6 +324,7 @@ type letterOut struct {
 	Offset          *int64     `json:"offset,omitempty"`
 	MessageID       string     `json:"message_id,omitempty"`
 	Attempts        int        `json:"attempts,omitempty"`
+	RedriveCount    string     `json:"redrive_count,omitempty"`
 	FirstFailure    *time.Time `json:"first_failure,omitempty"`
 	LastFailure     *time.Time `json:"last_failure,omitempty"`
 	Consumer        string     `json:"consumer,omitempty"`
@@ -342,6 +347,7 @@ func letterJSON(l dlq.Letter) letterOut {
 	o.DeadLetter = true
 	o.Reason, o.ErrorClass, o.Error, o.Source = string(e.Reason), e.ErrorClass, e.Error, e.Source
 	o.MessageID, o.Attempts, o.Consumer, o.ConsumerVersion = e.MessageID, e.Attempts, e.Consumer, e.ConsumerVersion
+	o.RedriveCount = m.Headers.Get(dlq.HeaderRedriveCount)
 	if e.Partition >= 0 {
 		o.Partition = &e.Partition
 	}
@@ -447,6 +453,10 @@ func stopText(s dlq.StopReason, n int, idle time.Duration) string {
 		return "held-limit (too many messages held unsettled; narrow the filter or raise -max-held)"
 	case dlq.StopRepeat:
 		return "repeat (a held message came back: every message was seen)"
+	case dlq.StopBacklog:
+		return "backlog (received as many messages as the destination held at the start; dead letters that came back since are left for a later run)"
+	case dlq.StopMovedLimit:
+		return fmt.Sprintf("moved-limit (%d events moved, the most one run remembers; run again for the rest)", dlq.MaxMovedIDs)
 	}
 	return string(s)
 }
@@ -469,7 +479,7 @@ func (l *list) Set(v string) error {
 }
 
 func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	c := newCommand("redrive", "ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N] [-dry-run] [-reason permanent] [-idle 2s] [-publish-timeout 30s]")
+	c := newCommand("redrive", "ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N] [-dry-run] [-reason permanent] [-idle 2s] [-publish-timeout 30s] [-max-redrives 3] [-force]")
 	rateF := c.fs.Float64("rate", dlq.DefaultRate, "publish at most `N` messages a second (-1: no cap)")
 	maxF := c.fs.Int("max", 0, "move at most `N` messages (0: no limit); with -dry-run, count at most N")
 	dry := c.fs.Bool("dry-run", false, "decide and print, move nothing")
@@ -479,6 +489,8 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	idle := c.fs.Duration("idle", dlq.DefaultIdleTimeout, "stop when no message arrives for this `long`")
 	maxHeld := c.fs.Int("max-held", dlq.DefaultMaxHeld, "hold at most `N` skipped messages unsettled before stopping")
 	pubTimeout := c.fs.Duration("publish-timeout", dlq.DefaultPublishTimeout, "fail the run when a publish to the target is not confirmed within this `long` (a target that is down)")
+	maxRedrives := c.fs.Int("max-redrives", dlq.DefaultMaxRedrives, "leave dead letters that were redriven `N` times already (their "+dlq.HeaderRedriveCount+" header) where they are, and report them")
+	force := c.fs.Bool("force", false, "move the dead letters -max-redrives would leave (never one event twice in a run)")
 	verbose := c.fs.Bool("v", false, "print a line for every message, not only in a dry run")
 	pos, err := c.parse(args, "<dlq-source-url>", "<target-sink-url>")
 	if err != nil {
@@ -496,10 +508,13 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if *maxHeld < 1 {
 		return c.usageErr("-max-held = %d: want at least 1", *maxHeld)
 	}
+	if *maxRedrives < 1 {
+		return c.usageErr("-max-redrives = %d: want at least 1 (-force moves every dead letter)", *maxRedrives)
+	}
 	if sameDestination(pos[0], pos[1]) {
 		return c.usageErr("the dead-letter source and the target are the same destination (%s)", redact(pos[0]))
 	}
-	opts := dlq.RedriveOptions{Rate: *rateF, Max: *maxF, DryRun: *dry, IdleTimeout: *idle, MaxHeld: *maxHeld, PublishTimeout: *pubTimeout}
+	opts := dlq.RedriveOptions{Rate: *rateF, Max: *maxF, DryRun: *dry, IdleTimeout: *idle, MaxHeld: *maxHeld, PublishTimeout: *pubTimeout, MaxRedrives: *maxRedrives, Force: *force}
 	if err := opts.Validate(); err != nil {
 		return c.usageErr("%v", err)
 	}
@@ -510,7 +525,8 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 		}
 	}
 	opts.OnMessage = func(msg *ackwise.Message, env dlq.Envelope, a dlq.Action) {
-		if *dry || *verbose || a == dlq.ActionFailed {
+		// Dead letters left where they were are always reported.
+		if *dry || *verbose || a == dlq.ActionFailed || a == dlq.ActionRedriveLimit || a == dlq.ActionAlreadyMoved {
 			l := dlq.Letter{Message: msg, Envelope: env}
 			if a == dlq.ActionNoEnvelope {
 				l.Err = errors.New("no envelope")
@@ -549,8 +565,15 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	if *dry {
 		verb, n = "would move", res.WouldMove
 	}
-	fmt.Fprintf(stdout, "%s %d from %s to %s; skipped %d (%d without envelope); failed %d; %s in %v\n",
-		verb, n, redact(pos[0]), redact(pos[1]), res.Skipped, res.NoEnvelope, res.Failed,
+	left := ""
+	if res.RedriveLimited > 0 {
+		left += fmt.Sprintf("; left %d redriven %d times already (-force moves them)", res.RedriveLimited, *maxRedrives)
+	}
+	if res.AlreadyMoved > 0 {
+		left += fmt.Sprintf("; left %d whose event this run moved already", res.AlreadyMoved)
+	}
+	fmt.Fprintf(stdout, "%s %d from %s to %s; skipped %d (%d without envelope); failed %d%s; %s in %v\n",
+		verb, n, redact(pos[0]), redact(pos[1]), res.Skipped, res.NoEnvelope, res.Failed, left,
 		"stopped: "+stopText(res.Stop, *maxF, *idle), res.Elapsed.Round(time.Millisecond))
 	if res.ReleaseFailed > 0 {
 		fmt.Fprintf(stderr, "ackwise: warning: %d held message(s) could not be released; the broker redelivers them when their lease ends\n", res.ReleaseFailed)

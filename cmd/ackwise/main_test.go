@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -187,7 +189,7 @@ func TestRedrive(t *testing.T) {
 	got := lines(out)
 	if len(got) != 4 || !strings.HasPrefix(got[0], "would-move p0 reason=permanent") || !strings.HasPrefix(got[1], "would-move p1 ") ||
 		!strings.HasPrefix(got[2], "skipped m0 reason=max-attempts") ||
-		!strings.HasPrefix(got[3], "would move 2 from "+from+" to "+to+"; skipped 1 (0 without envelope); failed 0; stopped: idle") {
+		!strings.HasPrefix(got[3], "would move 2 from "+from+" to "+to+"; skipped 1 (0 without envelope); failed 0; stopped: backlog") {
 		t.Fatalf("dry run output:\n%s", out)
 	}
 	tb.requireUntouched(t, 3)
@@ -259,6 +261,9 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"dlq", "redrive", "mem://a", "mem://b", "-max", "-1"},
 		{"dlq", "redrive", "mem://a", "mem://b", "-max-held", "0"},
 		{"dlq", "redrive", "mem://a", "mem://b", "-publish-timeout", "0s"},
+		{"dlq", "redrive", "mem://a", "mem://b", "-max-redrives", "0"},
+		{"dlq", "redrive", "mem://a", "mem://b", "-max-redrives", "-1"},
+		{"dlq", "redrive", "mem://a", "mem://b", "-force=maybe"},
 	} {
 		code, out, errOut := ackwiseRun(t, args...)
 		if code != exitUsage || !strings.Contains(errOut, "usage: ackwise") || out != "" {
@@ -312,9 +317,18 @@ func TestInterruptReleases(t *testing.T) {
 	tb := setup(t)
 	tb.add(t, "e1", dlq.ReasonPermanent, ackwise.ClassPermanent, "bad")
 	tb.add(t, "e2", dlq.ReasonPermanent, ackwise.ClassPermanent, "bad")
+	tb.add(t, "e3", dlq.ReasonPermanent, ackwise.ClassPermanent, "bad")
+	// Another consumer holds e1: the queue's backlog (3) counts it, so the
+	// run, having received e2 and e3, waits for more.
+	other, err := tb.b.QueueSource(tb.dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	held := memorytest.Receive(t, other, 1)[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	// Cancel once the dead letters are held: the dry run is waiting for more.
+	// Cancel once the run holds e2 and e3: the dry run is waiting for more.
 	go func() {
 		_ = tb.b.WaitHistory(ctx, tb.dead, func(evs []memory.Event) bool {
 			n := 0
@@ -323,7 +337,7 @@ func TestInterruptReleases(t *testing.T) {
 					n++
 				}
 			}
-			return n == 2
+			return n == 3 // e1 by the other consumer, e2 and e3 by the run
 		})
 		cancel()
 	}()
@@ -332,5 +346,47 @@ func TestInterruptReleases(t *testing.T) {
 	if code != exitFailed || !strings.Contains(errOut.String(), "context canceled") {
 		t.Fatalf("exit %d, stderr %q", code, errOut.String())
 	}
-	tb.requireUntouched(t, 2)
+	if err := other.Release(context.Background(), held); err != nil {
+		t.Fatal(err)
+	}
+	tb.requireUntouched(t, 3)
+}
+
+// TestRedriveLimitAndForce: dead letters redriven -max-redrives times
+// already are left and reported, one line each and in the summary; -force
+// moves them.
+func TestRedriveLimitAndForce(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	for i, count := range []string{"0", "1", "2", "x"} {
+		env := dlq.Envelope{Reason: dlq.ReasonPermanent, ErrorClass: "permanent", Source: tb.work, Partition: -1, Offset: -1, Attempts: 1, Consumer: "billing"}
+		h := env.Apply(ackwise.HeadersOf(dlq.HeaderRedriveCount, count))
+		memorytest.Publish(t, tb.b, tb.dead, &ackwise.Message{ID: fmt.Sprint("c", i), Payload: []byte("p"), Headers: h})
+	}
+	from, to := "mem://"+tb.dead, "mem://"+tb.work
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", from, to, "-rate", "-1", "-idle", "100ms", "-max-redrives", "2")
+	if code != exitOK {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	got := lines(out)
+	if len(got) != 3 || !strings.HasPrefix(got[0], "redrive-limit c2 ") || !strings.Contains(got[0], " redrives=2 ") ||
+		!strings.HasPrefix(got[1], "redrive-limit c3 ") || !strings.Contains(got[1], " redrives=x ") ||
+		!strings.HasPrefix(got[2], "moved 2 from ") || !strings.Contains(got[2], "; left 2 redriven 2 times already (-force moves them);") {
+		t.Fatalf("output:\n%s", out)
+	}
+	code, out, errOut = ackwiseRun(t, "dlq", "redrive", from, to, "-rate", "-1", "-idle", "100ms", "-max-redrives", "2", "-force")
+	if code != exitOK || !strings.HasPrefix(out, "moved 2 from ") || strings.Contains(out, "; left") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	memorytest.RequireEmpty(t, tb.b, tb.dead)
+	msgs, err := tb.b.Messages(tb.work)
+	if err != nil || len(msgs) != 4 {
+		t.Fatalf("work queue: %d messages, %v", len(msgs), err)
+	}
+	for _, m := range msgs {
+		want := map[string]string{"c0": "1", "c1": "2", "c2": "3", "c3": strconv.Itoa(math.MaxInt)}[m.ID]
+		if c := m.Headers.Get(dlq.HeaderRedriveCount); c != want {
+			t.Errorf("%s redriven with count %q, want %q", m.ID, c, want)
+		}
+	}
 }
