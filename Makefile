@@ -2,8 +2,10 @@
 # RabbitMQ and Redis on this machine; .ci/run checks and starts them first.
 GO ?= go
 GOTESTFLAGS ?= -race -timeout 20m
+FUZZTIME ?= 2m
+FUZZFLAGS ?= -parallel 1
 
-.PHONY: test vet unit bench example fmt
+.PHONY: test vet unit bench example fmt fuzz
 
 # After the -race run, the breaker's outage simulation runs again at full
 # scale (1,000 msgs/s for 10 minutes of virtual time); under -race it runs at
@@ -16,6 +18,24 @@ vet:
 	@unformatted="$$(gofmt -l $$(git ls-files '*.go'))"; if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	cd bench && $(GO) vet ./...
+
+# Every fuzz target of the module, one after another, FUZZTIME each
+# (make fuzz FUZZTIME=10m). The targets are found with go test -list, so a
+# new one is picked up; make test runs them over their seed corpora
+# (testdata/fuzz) as ordinary tests. A target that fails does not stop the
+# others; the run fails at the end, naming them. A crasher is written to the
+# package's testdata/fuzz: fix the bug and keep it as a regression seed.
+fuzz:
+	@list="$$($(GO) test -list '^Fuzz' ./...)" || { echo "$$list"; exit 1; }; \
+	echo "$$list" | awk '/^Fuzz/ { names = names " " $$1; next } /^(ok|\?)/ { if (names != "") print $$2 names; names = "" }' | \
+	{ failed=""; \
+	  while read -r pkg targets; do \
+	    for t in $$targets; do \
+	      echo "== $$t ($$pkg, $(FUZZTIME))"; \
+	      $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) "$$pkg" || failed="$$failed $$pkg.$$t"; \
+	    done; \
+	  done; \
+	  if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi; }
 
 # The offline unit run: no services needed.
 unit:
