@@ -71,9 +71,9 @@ type VersionGateConfig struct {
 	// source, the version, the aggregate and the recorded version.
 	//
 	// The version is producer input, outside the trust boundary
-	// (docs/idempotency.md). Unbounded, one message carrying MaxInt64 makes the gate record
-	// MaxInt64 and acknowledge, unrun, every later event of its aggregate,
-	// for good.
+	// (docs/idempotency.md). Unbounded, one message carrying MaxInt64 makes
+	// the gate record MaxInt64 and acknowledge, unrun, every later event of
+	// its aggregate, for good.
 	//
 	// Zero means DefaultMaxVersionGap (2^62, about 4.6e18). The default is
 	// that large so that it breaks no version scheme in use, measured from
