@@ -140,9 +140,19 @@ func TestRedriveKeepsPropertiesAndHeaderTypes(t *testing.T) {
 		}
 	}
 	for k := range d.Headers {
+		if k == dlq.HeaderRedriveCount {
+			// The one header a redrive adds: its first move.
+			if d.Headers[k] != "1" {
+				t.Errorf("header %s = %#v, want \"1\"", k, d.Headers[k])
+			}
+			continue
+		}
 		if _, ok := userHeaders[k]; !ok {
 			t.Errorf("redriven message carries header %s = %#v", k, d.Headers[k])
 		}
+	}
+	if _, ok := d.Headers[dlq.HeaderRedriveCount]; !ok {
+		t.Errorf("redriven message carries no %s", dlq.HeaderRedriveCount)
 	}
 }
 
