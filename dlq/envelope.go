@@ -30,6 +30,38 @@ const (
 // HeaderPrefix starts every envelope header.
 const HeaderPrefix = "ackwise-dlq-"
 
+// HeaderTrimmed marks a dead letter an adapter wrote trimmed because it did
+// not fit its destination whole (a Kafka record near the dead-letter topic's
+// max.message.bytes; docs/kafka.md): "value-bytes=N;value-kept=M;…", where N
+// is the size of the whole payload and M the bytes of it kept (its first
+// M). Like every envelope header, dead-lettering replaces a producer's.
+const HeaderTrimmed = HeaderPrefix + "trimmed"
+
+// PayloadCut reports whether h marks a dead letter whose payload was cut
+// (HeaderTrimmed with value-kept below value-bytes). A marker that cannot be
+// read counts as cut: only a payload known to be whole may be redriven.
+func PayloadCut(h ackwise.Headers) bool {
+	v, ok := h.Lookup(HeaderTrimmed)
+	if !ok {
+		return false
+	}
+	whole, kept := int64(-1), int64(-1)
+	for _, f := range strings.Split(v, ";") {
+		name, val, _ := strings.Cut(f, "=")
+		n, err := strconv.ParseInt(val, 10, 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "value-bytes":
+			whole = n
+		case "value-kept":
+			kept = n
+		}
+	}
+	return whole < 0 || kept < 0 || kept < whole
+}
+
 // Reason says why a message was dead-lettered.
 type Reason string
 

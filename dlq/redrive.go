@@ -179,6 +179,11 @@ const (
 	// event. It stays in the dead-letter destination (held, then released),
 	// also with Force.
 	ActionAlreadyMoved Action = "already-moved"
+	// ActionPayloadCut: it was dead-lettered with its payload cut to fit
+	// (PayloadCut); moved back, it would be handled as if whole. It stays
+	// in the dead-letter destination (held, then released), also with
+	// Force: recover the payload from its producer.
+	ActionPayloadCut Action = "payload-cut"
 )
 
 // RedriveOptions configure Redrive. The zero value is valid and means: move
@@ -286,6 +291,10 @@ type RedriveResult struct {
 	// run had moved their event ID already (ActionAlreadyMoved). (Not in
 	// Skipped.)
 	AlreadyMoved int
+	// PayloadCut counts the dead letters left where they were because
+	// their payload was cut to fit the dead-letter destination
+	// (ActionPayloadCut). (Not in Skipped.)
+	PayloadCut int
 	// Backlog is what the dead-letter source said it held when the run
 	// started (Backlogger), the most new messages the run receives; -1 when
 	// the source cannot tell.
@@ -499,6 +508,11 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 			id := eventID(msg)
 			count, countOK := RedriveCount(msg.Headers)
 			switch {
+			case PayloadCut(msg.Headers):
+				res.PayloadCut++
+				r.hold(msg)
+				note(msg, env, ActionPayloadCut)
+				continue
 			case id != "" && moved.has(id):
 				res.AlreadyMoved++
 				r.hold(msg)

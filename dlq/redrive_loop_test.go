@@ -11,6 +11,7 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters/memory"
+	"github.com/ackwise/ackwise/adapters/memory/memorytest"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/dlq"
 )
@@ -235,5 +236,64 @@ func TestRedriveMovesAnEventOncePerRun(t *testing.T) {
 	}
 	if st := tb.stats(t, tb.dead); st.InFlight != 0 {
 		t.Fatalf("%d in flight after the run", st.InFlight)
+	}
+}
+
+// TestRedriveLeavesCutPayloads: a dead letter written with its payload cut
+// to fit (a Kafka record near the dead-letter topic's max.message.bytes,
+// marked dlq.HeaderTrimmed) is never moved back, also with Force: its
+// consumer would handle the cut payload as if whole. A marker that cannot
+// be read counts as cut; a dead letter trimmed of headers only moves.
+func TestRedriveLeavesCutPayloads(t *testing.T) {
+	t.Parallel()
+	tb := setup(t)
+	env := dlq.Envelope{Reason: dlq.ReasonPermanent, Source: tb.work, Partition: -1, Offset: -1, Attempts: 1}
+	marked := func(id, marker string) *ackwise.Message {
+		m := message(id)
+		m.Headers = env.Apply(m.Headers)
+		m.Headers.Set(dlq.HeaderTrimmed, marker)
+		return m
+	}
+	memorytest.Publish(t, tb.b, tb.dead,
+		marked("cut", "value-bytes=1048528;value-kept=1047000;value-sha256=00;headers-dropped=0;key-bytes-dropped=0;event-id-bytes-dropped=0"),
+		marked("unreadable", "value-bytes=x"),
+		marked("headers-only", "value-bytes=6;value-kept=6;value-sha256=00;headers-dropped=2;key-bytes-dropped=0;event-id-bytes-dropped=0"),
+	)
+	var actions []string
+	res, err := dlq.Redrive(t.Context(), tb.from, tb.to, dlq.RedriveOptions{
+		Rate: dlq.RateUnlimited, IdleTimeout: quick, Force: true,
+		OnMessage: func(m *ackwise.Message, _ dlq.Envelope, a dlq.Action) {
+			actions = append(actions, fmt.Sprint(a, " ", m.ID))
+		},
+	})
+	if err != nil || res.Moved != 1 || res.PayloadCut != 2 {
+		t.Fatalf("%+v, %v; actions %q", res, err, actions)
+	}
+	if got := tb.ids(t, tb.work); len(got) != 1 || got[0] != "headers-only" {
+		t.Fatalf("work queue holds %q, want headers-only", got)
+	}
+	if got := tb.ids(t, tb.dead); len(got) != 2 {
+		t.Fatalf("dead-letter queue holds %q, want the two cut ones", got)
+	}
+}
+
+// TestPayloadCut reads the marker strictly: only a marker saying the whole
+// payload was kept lets a dead letter be redriven.
+func TestPayloadCut(t *testing.T) {
+	for marker, want := range map[string]bool{
+		"value-bytes=10;value-kept=10": false,
+		"value-bytes=10;value-kept=4":  true,
+		"value-kept=10":                true,
+		"value-bytes=10":               true,
+		"value-bytes=-1;value-kept=-1": true,
+		"":                             true,
+		"value-bytes=10;value-kept=10;extra=what": false,
+	} {
+		if got := dlq.PayloadCut(ackwise.HeadersOf(dlq.HeaderTrimmed, marker)); got != want {
+			t.Errorf("PayloadCut(%q) = %v, want %v", marker, got, want)
+		}
+	}
+	if dlq.PayloadCut(ackwise.HeadersOf("x", "y")) {
+		t.Error("PayloadCut without a marker = true")
 	}
 }

@@ -1,5 +1,7 @@
 package kafka
 
+import "github.com/ackwise/ackwise/dlq"
+
 // Headers of a retry-topic hop, besides ackwise-attempt and
 // ackwise-first-failure. The source consumes them: a message delivered from
 // a retry topic does not show them in Message.Headers.
@@ -27,4 +29,4 @@ const (
 // M), H the number of original headers left out, K and E the bytes of the
 // key and event ID left out (0: kept). A dead letter that fit carries no
 // such header.
-const HeaderDLQTrimmed = "ackwise-dlq-trimmed"
+const HeaderDLQTrimmed = dlq.HeaderTrimmed

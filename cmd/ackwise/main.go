@@ -526,7 +526,7 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	}
 	opts.OnMessage = func(msg *ackwise.Message, env dlq.Envelope, a dlq.Action) {
 		// Dead letters left where they were are always reported.
-		if *dry || *verbose || a == dlq.ActionFailed || a == dlq.ActionRedriveLimit || a == dlq.ActionAlreadyMoved {
+		if *dry || *verbose || a == dlq.ActionFailed || a == dlq.ActionRedriveLimit || a == dlq.ActionAlreadyMoved || a == dlq.ActionPayloadCut {
 			l := dlq.Letter{Message: msg, Envelope: env}
 			if a == dlq.ActionNoEnvelope {
 				l.Err = errors.New("no envelope")
@@ -571,6 +571,9 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	}
 	if res.AlreadyMoved > 0 {
 		left += fmt.Sprintf("; left %d whose event this run moved already", res.AlreadyMoved)
+	}
+	if res.PayloadCut > 0 {
+		left += fmt.Sprintf("; left %d whose payload was cut to fit the dead-letter destination", res.PayloadCut)
 	}
 	fmt.Fprintf(stdout, "%s %d from %s to %s; skipped %d (%d without envelope); failed %d%s; %s in %v\n",
 		verb, n, redact(pos[0]), redact(pos[1]), res.Skipped, res.NoEnvelope, res.Failed, left,
