@@ -77,10 +77,13 @@ func ParseURL(u *url.URL) (Config, error) {
 	if u.Host == "" {
 		return cfg, fmt.Errorf("kafka: URL %s: no brokers (want kafka://host:9092/topic)", adapters.RedactURL(u))
 	}
-	if adapters.MisplacedUserInfo(u) || strings.Contains(u.Path, "@") {
-		// A password cut short (see MisplacedUserInfo); and a topic
-		// cannot hold '@' in any case. Do not echo it.
-		return cfg, errors.New("kafka: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it)")
+	if err := adapters.RefuseMisplacedUserInfo("kafka", u); err != nil {
+		return cfg, err
+	}
+	if strings.Contains(u.Path, "@") {
+		// A topic cannot hold '@' (not even as %40): a password cut
+		// short, most likely. Do not echo it.
+		return cfg, fmt.Errorf("kafka: %w", adapters.ErrMisplacedUserInfo)
 	}
 	cfg.Brokers = strings.Split(u.Host, ",")
 	cfg.Topic = strings.TrimPrefix(u.Path, "/")

@@ -288,7 +288,7 @@ func newConn(rawURL string, tlsCfg *tls.Config, heartbeat time.Duration, name st
 	if err != nil {
 		return c, fmt.Errorf("rabbitmq: URL is malformed (not quoted, it may hold a password)")
 	}
-	if err := misplacedPassword(u); err != nil {
+	if err := adapters.RefuseMisplacedUserInfo("rabbitmq", u); err != nil {
 		return c, err
 	}
 	c.redacted = u.Redacted()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -164,7 +163,7 @@ type parsedURL struct {
 
 func parseURL(u *url.URL) (parsedURL, error) {
 	var p parsedURL
-	if err := misplacedPassword(u); err != nil {
+	if err := adapters.RefuseMisplacedUserInfo("rabbitmq", u); err != nil {
 		return p, err
 	}
 	// Not u.Query(): it drops the pairs it cannot parse (a ';' separator, a
@@ -316,14 +315,3 @@ func parseURL(u *url.URL) (parsedURL, error) {
 	return p, nil
 }
 
-// misplacedPassword refuses a URL with an '@' after its host
-// (adapters.MisplacedUserInfo): the user info most likely ended early at an
-// unescaped '/', '?' or '#' in the password, which is now in the path, query
-// or fragment (the host, or the user info, may hold its start). Do not echo
-// any of it, nor dial it.
-func misplacedPassword(u *url.URL) error {
-	if adapters.MisplacedUserInfo(u) {
-		return errors.New("rabbitmq: URL holds '@' after its host (not shown: it may hold a password with an unescaped '/', '?' or '#'; percent-encode it, and a literal '@' as %40)")
-	}
-	return nil
-}
