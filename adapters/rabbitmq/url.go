@@ -314,4 +314,3 @@ func parseURL(u *url.URL) (parsedURL, error) {
 	p.cfg, p.q = c, q
 	return p, nil
 }
-
