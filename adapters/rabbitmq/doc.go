@@ -283,6 +283,12 @@
 // back and fails again, each redelivery held a little longer (up to 5s):
 // consume a plain queue with a handler that does not fail permanently.
 //
+// Source.Backlog (dlq.Backlogger) tells dlq.Redrive how many messages the
+// queue held when the source began to consume it, so that a run ends once
+// it received them, also while a consumer that still fails sends dead
+// letters back. Open a source per run: once it has received, its count is
+// stale and Backlog returns an error.
+//
 // # Concurrency
 //
 // Receive is called from one goroutine at a time; Ack, Nack, DeadLetter,

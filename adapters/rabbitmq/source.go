@@ -61,6 +61,7 @@ type Source struct {
 var (
 	_ adapters.Source      = (*Source)(nil)
 	_ adapters.Invalidator = (*Source)(nil)
+	_ dlq.Backlogger       = (*Source)(nil)
 )
 
 // NewSource connects to the broker, declares (Config.DeclareTopology) or
@@ -136,6 +137,11 @@ type session struct {
 	isDead     atomic.Bool
 	err        error // why it died; written before dead is closed
 	killOnce   sync.Once
+	// ready is the queue's message count when this channel began to
+	// consume (see Backlog); received is set once Receive returned one of
+	// its deliveries.
+	ready    int
+	received atomic.Bool
 
 	// mu guards the in-flight receipts, oldest (lowest tag) first, the
 	// deliveries that arrived and wait for Receive, and the acks recorded
@@ -188,6 +194,12 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 		ac.Close()
 		return nil, fmt.Errorf("rabbitmq: basic.qos prefetch %d: %w", s.v.Prefetch, err)
 	}
+	// What the queue holds before this channel takes anything (Backlog).
+	q, err := ch.QueueDeclarePassive(s.v.Queue, true, false, false, false, nil)
+	if err != nil {
+		ac.Close()
+		return nil, fmt.Errorf("rabbitmq: check queue %q: %w", s.v.Queue, err)
+	}
 	deliveries, err := ch.Consume(s.v.Queue, "", false, false, false, false, nil)
 	if err != nil {
 		ac.Close()
@@ -198,7 +210,7 @@ func (s *Source) open(ctx context.Context) (*session, error) {
 	gen := s.gen
 	s.mu.Unlock()
 	stamped := make(chan arrival, 16)
-	ss := &session{src: s, gen: gen, conn: ac, ch: ch, deliveries: stamped, dead: make(chan struct{}), ackSignal: make(chan struct{}, 1)}
+	ss := &session{src: s, gen: gen, conn: ac, ch: ch, deliveries: stamped, dead: make(chan struct{}), ackSignal: make(chan struct{}, 1), ready: q.Messages}
 	go ss.stamp(deliveries, stamped)
 	go ss.flusher()
 	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
@@ -421,6 +433,7 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 					break fill
 				}
 			}
+			ss.received.Store(true)
 			ss.track(buf[:n])
 			return n, nil
 		case <-ss.dead:
@@ -810,6 +823,47 @@ func (s *Source) Valid(msg *ackwise.Message) bool {
 	// the dlq tools hold its deliveries while they scan, and read an
 	// invalid one as redelivered.
 	return s.v.Plain || s.v.ConsumerTimeout <= 0 || time.Since(r.at) < s.v.ConsumerTimeoutWarn
+}
+
+// Backlog returns how many messages the queue held when this source's
+// channel began to consume it (dlq.Backlogger: dlq.Redrive receives no
+// more new messages than that, so the dead letters that a consumer which
+// still fails sends back while the run reads the queue wait for the next
+// run). The count is RabbitMQ's message count from a passive queue.declare
+// on that channel just before basic.consume: ready messages only, not
+// those delivered to another consumer and not yet acknowledged (the run
+// may then end a little early). It is taken then rather than now because
+// from basic.consume on the broker pushes up to Prefetch deliveries ahead
+// of Receive, which a count taken now would miss (queue.declare-ok does
+// not count unacknowledged messages), and deliveries on their way to the
+// client cannot be counted at all. So Backlog answers only until Receive
+// returns a delivery of that channel (after a reconnection, of the new
+// channel: its count is taken afresh); after that it returns an error,
+// and dlq.Redrive runs bounded by event IDs and redrive counts alone.
+// Open a source per run, as the ackwise CLI does. A queue that no longer
+// exists is an error (a passive declare of its own checks). On a
+// priority queue a message published after the count may be delivered
+// before one counted, which is then left for the next run.
+func (s *Source) Backlog(ctx context.Context) (int, error) {
+	ss, err := s.current(ctx)
+	if err != nil {
+		return 0, err
+	}
+	err = withChannel(ss.conn, func(ch *amqp.Channel) error {
+		_, err := ch.QueueDeclarePassive(s.v.Queue, true, false, false, false, nil)
+		return err
+	})
+	if err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return 0, fmt.Errorf("rabbitmq: backlog of %q: the queue does not exist: %w", s.v.Queue, err)
+		}
+		return 0, fmt.Errorf("rabbitmq: backlog of %q: %w", s.v.Queue, err)
+	}
+	if ss.received.Load() {
+		return 0, fmt.Errorf("rabbitmq: backlog of %q: unknown once this source has received: the count taken when it began to consume is stale, and the deliveries the broker pushes ahead of Receive cannot be counted (open a new source)", s.v.Queue)
+	}
+	return ss.ready, nil
 }
 
 // Capabilities reports Delay with DelayTiers (one wait queue each), MaxDelay
