@@ -427,7 +427,7 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer) error {
 	if s.NewestLast != nil {
 		fmt.Fprintf(stdout, "newest last failure: %s\n", s.NewestLast.UTC().Format(time.RFC3339))
 	}
-	fmt.Fprintf(stdout, "stopped: %s\n", stopText(res.Stop, *n, *idle))
+	fmt.Fprintf(stdout, "stopped: %s\n", stopText(res.Stop, *n, -1, *idle))
 	return nil
 }
 
@@ -443,7 +443,9 @@ func byCount(m map[string]int) []string {
 	return keys
 }
 
-func stopText(s dlq.StopReason, n int, idle time.Duration) string {
+// stopText explains s; n is the run's -n or -max, backlog what the source
+// held at the start (dlq.RedriveResult.Backlog).
+func stopText(s dlq.StopReason, n, backlog int, idle time.Duration) string {
 	switch s {
 	case dlq.StopIdle:
 		return fmt.Sprintf("idle (no message within %v: drained, or the broker holds back more deliveries)", idle)
@@ -454,7 +456,7 @@ func stopText(s dlq.StopReason, n int, idle time.Duration) string {
 	case dlq.StopRepeat:
 		return "repeat (a held message came back: every message was seen)"
 	case dlq.StopBacklog:
-		return "backlog (received as many messages as the destination held at the start; dead letters that came back since are left for a later run)"
+		return fmt.Sprintf("backlog (received the %d messages the destination held at the start; dead letters that came back since are left for a later run)", backlog)
 	case dlq.StopMovedLimit:
 		return fmt.Sprintf("moved-limit (%d events moved, the most one run remembers; run again for the rest)", dlq.MaxMovedIDs)
 	}
@@ -577,7 +579,7 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	}
 	fmt.Fprintf(stdout, "%s %d from %s to %s; skipped %d (%d without envelope); failed %d%s; %s in %v\n",
 		verb, n, redact(pos[0]), redact(pos[1]), res.Skipped, res.NoEnvelope, res.Failed, left,
-		"stopped: "+stopText(res.Stop, *maxF, *idle), res.Elapsed.Round(time.Millisecond))
+		"stopped: "+stopText(res.Stop, *maxF, res.Backlog, *idle), res.Elapsed.Round(time.Millisecond))
 	if res.ReleaseFailed > 0 {
 		fmt.Fprintf(stderr, "ackwise: warning: %d held message(s) could not be released; the broker redelivers them when their lease ends\n", res.ReleaseFailed)
 	}
