@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -71,7 +72,12 @@ const observedLease = 2 * time.Second
 // broker has received so far.
 func ackObservedShare(t *testing.T, n int) (*ShareSource, func() [][]int64) {
 	t.Helper()
-	c := leaseCluster(t)
+	return ackObservedShareOn(t, leaseCluster(t), n)
+}
+
+// ackObservedShareOn is ackObservedShare on the broker c.
+func ackObservedShareOn(t *testing.T, c *kfake.Cluster, n int) (*ShareSource, func() [][]int64) {
+	t.Helper()
 	var mu sync.Mutex
 	var sent [][]int64
 	c.ControlKey(kmsg.ShareAcknowledge.Int16(), func(req kmsg.Request) (kmsg.Response, error, bool) {
@@ -208,9 +214,15 @@ func TestShareDeadLetterNearLockEnd(t *testing.T) {
 // observedLease and sweeps expired locks every 100ms.
 func leaseCluster(t *testing.T) *kfake.Cluster {
 	t.Helper()
+	return leaseClusterOf(t, observedLease)
+}
+
+// leaseClusterOf is leaseCluster with records locked for lease.
+func leaseClusterOf(t *testing.T, lease time.Duration) *kfake.Cluster {
+	t.Helper()
 	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second),
 		kfake.BrokerConfigs(map[string]string{
-			"group.share.record.lock.duration.ms": strconv.FormatInt(observedLease.Milliseconds(), 10),
+			"group.share.record.lock.duration.ms": strconv.FormatInt(lease.Milliseconds(), 10),
 			"share.record.lock.sweep.interval.ms": "100",
 		}))
 	if err != nil {
@@ -223,25 +235,63 @@ func leaseCluster(t *testing.T) *kfake.Cluster {
 // TestShareHeartbeatRoundFewRequests: the engine's heartbeat renews its
 // messages one after another; a renewal does not wait for the round trip
 // of the one before, so they go out in a few requests, not one each.
+//
+// The broker holds the first renewal's request until the whole round has
+// been queued: each later ExtendLease must return while that round trip is
+// still open (before, each waited behind the flusher's write lock for the round
+// trip before it), and the rest of the round then goes in one or two more
+// requests. No race with the scheduler: a round that waits for the held
+// request only ends when the hold gives up, a generous holdMax later, and
+// that is reported as the failure it is. The lock is long (2 minutes) so
+// that the source's own flush gives up on the held request (after a sixth
+// of it) only well after holdMax.
 func TestShareHeartbeatRoundFewRequests(t *testing.T) {
 	t.Parallel()
-	const n = 10
-	src, acks := ackObservedShare(t, n)
+	const (
+		n       = 10
+		holdMax = 10 * time.Second
+	)
+	c := leaseClusterOf(t, 2*time.Minute)
+	src, acks := ackObservedShareOn(t, c, n)
 	msgs := receiveN(t, src, n)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	before := len(acks())
-	for _, m := range msgs {
-		if err := src.ExtendLease(ctx, m, observedLease); err != nil {
+	held := make(chan struct{})   // closed when the first request is held
+	queued := make(chan struct{}) // closed once every renewal is queued
+	var gaveUp atomic.Bool
+	c.ControlKey(kmsg.ShareAcknowledge.Int16(), func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.DropControl() // holds the first request only
+		close(held)
+		c.SleepControl(func() {
+			select {
+			case <-queued:
+			case <-time.After(holdMax):
+				gaveUp.Store(true)
+			}
+		})
+		return nil, nil, false
+	})
+	for i, m := range msgs {
+		if err := src.ExtendLease(ctx, m, src.Capabilities().Lease); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(100 * time.Microsecond) // the heartbeat's own work between two renewals
+		if i == 0 {
+			select {
+			case <-held: // the first renewal's round trip is open
+			case <-ctx.Done():
+				t.Fatal("the first renewal never reached the broker")
+			}
+		}
+	}
+	close(queued)
+	if gaveUp.Load() {
+		t.Fatalf("the renewals were queued only after the broker answered the first (held %v): each waited for the round trip before it", holdMax)
 	}
 	want := map[int64]bool{}
 	for _, m := range msgs {
 		want[m.Offset] = true
 	}
-	deadline := time.Now().Add(5 * time.Second)
 	for {
 		reqs := acks()[before:]
 		seen := 0
@@ -253,16 +303,16 @@ func TestShareHeartbeatRoundFewRequests(t *testing.T) {
 			}
 		}
 		if seen >= n {
-			// The first renewal's flush goes at once and the rest of the
-			// round follows in one or two more: a few requests, not one
-			// each.
+			// The held request and the rest of the round in one more (a
+			// third if a flush of the source's own came between): a few
+			// requests, not one each.
 			t.Logf("%d renewals in %d requests: %v", n, len(reqs), reqs)
 			if len(reqs) > n/2 {
 				t.Fatalf("%d renewals went out in %d requests: %v", n, len(reqs), reqs)
 			}
 			return
 		}
-		if time.Now().After(deadline) {
+		if ctx.Err() != nil {
 			t.Fatalf("renewals sent: %v; want all %d", reqs, n)
 		}
 		time.Sleep(10 * time.Millisecond) // polling the broker's view: no signal
