@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/dlq"
 )
@@ -333,44 +334,82 @@ func TestStopWhileMoveWaits(t *testing.T) {
 // ConsumerTimeoutWarn is no longer Valid, so a failed move waiting in place
 // is handed back (a new delivery comes) before the broker's consumer_timeout
 // would take back every delivery of the channel: as the warning is given
-// (adapters.Invalidator), not at the move's next try. The tries come 10ms
-// doubling after the failure: at 700ms the next is at ~1.27s.
+// (adapters.Invalidator), not at the move's next try.
+//
+// The engine runs on a virtual clock that stands still until the
+// dead-letter queue is back: the failed move's next try never comes by
+// itself, so a hand-back can only come from the source's warning (on the
+// wall clock). Had the engine waited for the try, the handler would not run
+// again (the test fails at testTimeout). The hand-back must not come before
+// the warning either: the handler's second run comes at least warn after the
+// first delivery arrived, whatever the load. The message is published once
+// the engine runs, so that the first try (with the delivery valid) comes
+// well within warn.
 func TestMoveWaitEndsAtConsumerTimeoutWarn(t *testing.T) {
 	t.Parallel()
-	const warn = 700 * time.Millisecond
+	const warn = 1500 * time.Millisecond
 	cfg := testConfig(t, Classic)
 	cfg.ConsumerTimeout, cfg.ConsumerTimeoutWarn = time.Minute, warn
-	c, cfg, v, src, log := moveOutageOf(t, cfg)
+	c := needBroker(t)
+	declare(t, cfg)
+	v, err := cfg.validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &movesSeen{Source: newSource(t, cfg), errs: make(chan error, 64)}
+	log := validLog{src.Source, make(chan seenOutcome, 64)}
 	deleteQueue(t, c, v.DeadLetterQueue)
 	var runs atomic.Int32
-	ran := make(chan time.Time, 64)
-	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+	type run struct{ at, arrived time.Time }
+	ran := make(chan run, 64)
+	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
 		runs.Add(1)
-		ran <- time.Now()
+		ran <- run{time.Now(), m.Handle.(*receipt).at}
 		return ackwise.Permanent(errors.New("bad payload"))
 	})
-	stop := runEngine(t, src, h, consumer.Config{Observer: log})
-	first := <-ran
-	// The dead letter is tried in place, the delivery valid, until it has
-	// been held for ConsumerTimeoutWarn; then it is handed back, and the
-	// handler runs again on the redelivery.
-	var again time.Time
-	select {
-	case again = <-ran:
-	case <-time.After(testTimeout):
-		t.Fatal("not handed back")
+	clock := memory.NewVirtualClock(time.Time{})
+	stop := runEngine(t, src, h, consumer.Config{Observer: log, Clock: clock})
+	sink := newSink(t, SinkConfig{URL: testURL(), RoutingKey: cfg.Queue})
+	if err := sink.Publish(ctxT(t), &ackwise.Message{ID: "m", Key: "k", Payload: []byte("m")}); err != nil {
+		t.Fatal(err)
 	}
-	// Counted from the handler's first run, which began after the delivery
-	// arrived (where ConsumerTimeoutWarn counts from): a little under warn.
-	held := again.Sub(first)
-	if held < warn-100*time.Millisecond {
-		t.Fatalf("handed back after %v: before ConsumerTimeoutWarn (%v)", held, warn)
+	next := func(what string) run {
+		t.Helper()
+		select {
+		case r := <-ran:
+			return r
+		case <-time.After(testTimeout):
+			t.Fatalf("no %s", what)
+			return run{}
+		}
 	}
-	if held > warn+400*time.Millisecond {
-		t.Errorf("handed back after %v: at the move's next try, not at the warning (%v)", held, warn)
+	first := next("handler run")
+	// The dead letter failed, the delivery valid: its next try waits on
+	// the virtual clock.
+	awaitFailedTries(t, log, src.errs, 1)
+	again := next("hand-back at the warning: the failed move waited for its next try")
+	if held := again.at.Sub(first.arrived); held < warn {
+		t.Fatalf("handed back %v after the delivery arrived: before ConsumerTimeoutWarn (%v)", held, warn)
 	}
-	declare(t, cfg) // a later try of the dead letter goes through
+	// From here on a later try of the dead letter goes through: the
+	// virtual clock moves on whenever a try waits for it.
+	declare(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	advanced := make(chan struct{})
+	go func() {
+		defer close(advanced)
+		for clock.WaitForTimers(ctx, 1) == nil {
+			clock.Advance(time.Minute)
+		}
+	}()
+	defer func() { cancel(); <-advanced }()
+	// Failed tries before the queue was back; and a redelivery that came
+	// while the hand-back was still being recorded is released unrun
+	// behind it in its key's lane (Released), the next one runs.
 	for s := log.next(t); s.o != consumer.DeadLettered; s = log.next(t) {
+		if s.o != consumer.SettleFailed && s.o != consumer.Released {
+			t.Fatalf("outcome %v before the dead letter was written", s.o)
+		}
 	}
 	if err, _ := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
