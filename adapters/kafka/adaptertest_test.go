@@ -14,6 +14,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
+	t.Parallel() // a broker of its own; the suite mostly waits
 	c, err := kfake.NewCluster(kfake.NumBrokers(1))
 	if err != nil {
 		t.Fatalf("kfake: %v", err)
@@ -59,6 +60,7 @@ func TestConformance(t *testing.T) {
 const shareLease = 2 * time.Second
 
 func TestConformanceShareGroup(t *testing.T) {
+	t.Parallel() // a broker of its own; the suite mostly waits
 	// Records are locked for shareLease (the lease the suite's lease case
 	// asks for; kfake locks for the broker's setting whatever the group's
 	// says, unlike Kafka), and expired locks are swept every 100ms, so a

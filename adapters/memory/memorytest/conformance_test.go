@@ -11,6 +11,7 @@ import (
 // The conformance suite (adaptertest) runs on both harnesses. Its cases
 // wait for real leases and delays, so it uses a broker on the system clock.
 func TestConformanceQueue(t *testing.T) {
+	t.Parallel() // a broker of its own; the suite mostly waits
 	b, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -19,6 +20,7 @@ func TestConformanceQueue(t *testing.T) {
 }
 
 func TestConformanceLog(t *testing.T) {
+	t.Parallel()
 	b, err := memory.New(memory.Config{})
 	if err != nil {
 		t.Fatal(err)
