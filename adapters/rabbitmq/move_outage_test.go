@@ -252,21 +252,20 @@ func TestWaitQueueGoneWaitsInPlace(t *testing.T) {
 }
 
 // TestMoveWaitEndsWithItsChannel: the consuming channel dies while the
-// dead letter waits to be tried again (its pause grown to 2.56s): the
-// broker requeues the message, and the engine lets go of it at once (the
-// source tells it the channel died), not at the move's next try; the next
-// delivery of it runs and is dead-lettered, once.
+// dead letter waits to be tried again: the broker requeues the message, and
+// the engine lets go of it at once (the source tells it the channel died),
+// not at the move's next try; the next delivery of it runs and is
+// dead-lettered, once. The engine's clock is virtual and stands still: the
+// move's next try never comes, so only the source's news can end the wait.
 func TestMoveWaitEndsWithItsChannel(t *testing.T) {
 	t.Parallel()
 	c, cfg, v, src, log := moveOutage(t)
 	deleteQueue(t, c, v.DeadLetterQueue)
 	var runs atomic.Int32
 	h := failPermanently(&runs)
-	stop := runEngine(t, src, h, consumer.Config{Observer: log})
+	stop := runEngine(t, src, h, consumer.Config{Observer: log, Clock: memory.NewVirtualClock(time.Time{})})
 
-	// Pauses of 10ms doubling: after the 9th failed try the next is 2.56s
-	// away.
-	awaitFailedTries(t, log, src.errs, 9)
+	awaitFailedTries(t, log, src.errs, 1) // the next try waits on the virtual clock
 	if closeConnections(t, cfg.ConnectionName) == 0 {
 		t.Fatal("no connection closed")
 	}
@@ -299,24 +298,34 @@ func TestMoveWaitEndsWithItsChannel(t *testing.T) {
 }
 
 // TestStopWhileMoveWaits: Run is stopped while a dead letter waits to be
-// tried again (its pause grown to 2.56s): Run returns without waiting for
-// it, the message is handed back unsettled and the next consumer gets it.
+// tried again: Run returns without waiting for it, the message is handed
+// back unsettled and the next consumer gets it. The engine's clock is
+// virtual and stands still: a Run waiting for the move's next try would
+// not return at all (the test fails at testTimeout, then lets the clock
+// move so that Run ends).
 func TestStopWhileMoveWaits(t *testing.T) {
 	t.Parallel()
 	c, cfg, v, src, log := moveOutage(t)
 	deleteQueue(t, c, v.DeadLetterQueue)
 	h := failPermanently(new(atomic.Int32))
-	stop := runEngine(t, src, h, consumer.Config{Observer: log, DrainTimeout: time.Minute})
+	clock := memory.NewVirtualClock(time.Time{})
+	stop := runEngine(t, src, h, consumer.Config{Observer: log, DrainTimeout: time.Minute, Clock: clock})
 
-	// Pauses of 10ms doubling: after the 9th failed try the next is 2.56s
-	// away.
-	awaitFailedTries(t, log, src.errs, 9)
-	err, took := stop()
-	if err != nil {
-		t.Fatalf("Run: %v", err)
-	}
-	if took > 1500*time.Millisecond {
-		t.Errorf("Run took %v to return: it waited for the move's next try", took)
+	awaitFailedTries(t, log, src.errs, 1) // the next try waits on the virtual clock
+	stopped := make(chan error, 1)
+	go func() {
+		err, _ := stop()
+		stopped <- err
+	}()
+	select {
+	case err := <-stopped:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(testTimeout):
+		clock.Advance(time.Hour)
+		<-stopped
+		t.Fatalf("Run did not return within %v: it waited for the move's next try", testTimeout)
 	}
 	src.Close()
 	select {
