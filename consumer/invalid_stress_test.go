@@ -58,10 +58,10 @@ func (s *settleLog) DeadLetter(ctx context.Context, m *ackwise.Message, env dlq.
 // failed moves) and are held by an open breaker: every message gets exactly
 // one fate (acked, dead-lettered or released), a key's messages get theirs
 // in arrival order, nothing stays in flight and the breaker does not stay
-// open with nothing to probe.
+// open with nothing to probe. 40 seeds (10 with -short).
 func TestLostReceiptsAtRandom(t *testing.T) {
 	t.Parallel()
-	for seed := uint64(1); seed <= 40; seed++ {
+	for seed := uint64(1); seed <= shortScaled(40); seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
 			rng := rand.New(rand.NewPCG(seed, 7))

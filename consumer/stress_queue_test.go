@@ -17,10 +17,20 @@ import (
 	"github.com/ackwise/ackwise/retry"
 )
 
-// queueStressSeeds is how many seeds TestStressQueue runs; each is a
-// subtest named seed=N, so one is replayed with
+// queueStressSeeds is how many seeds TestStressQueue runs (a quarter of
+// them with -short); each is a subtest named seed=N, so one is replayed with
 // -run 'TestStressQueue/seed=N$'.
 const queueStressSeeds = 100
+
+// shortScaled is n, or a quarter of it with -short (the offline unit run,
+// bound to finish in minutes): the seeded stress tests run in full in
+// `make test`.
+func shortScaled(n uint64) uint64 {
+	if testing.Short() {
+		return max(n/4, 1)
+	}
+	return n
+}
 
 // TestStressQueue runs competing consumers, ordered by key, on one memory
 // queue (standard or FIFO) under seeded random conditions: handler
@@ -50,7 +60,7 @@ const queueStressSeeds = 100
 //   - every run ends, and drains cleanly.
 func TestStressQueue(t *testing.T) {
 	t.Parallel()
-	for seed := uint64(1); seed <= queueStressSeeds; seed++ {
+	for seed := uint64(1); seed <= shortScaled(queueStressSeeds); seed++ {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			t.Parallel()
 			stressQueue(t, seed)
