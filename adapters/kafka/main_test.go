@@ -3,6 +3,7 @@ package kafka
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -28,6 +29,8 @@ const childEnv = "ACKWISE_KAFKA_TEST_CHILD"
 func TestMain(m *testing.M) {
 	switch os.Getenv(childEnv) {
 	case "":
+		flag.Parse()
+		shortParallel()
 		os.Exit(m.Run())
 	case "kfake":
 		os.Exit(runKfakeChild())
@@ -36,6 +39,22 @@ func TestMain(m *testing.M) {
 	default:
 		fmt.Fprintln(os.Stderr, "unknown child", os.Getenv(childEnv))
 		os.Exit(2)
+	}
+}
+
+// shortParallel runs the tests four at a time under -short (the offline
+// unit run) unless -parallel is given: they mostly wait, on kfake and on
+// their own timers, and go test's default of GOMAXPROCS (2 on the machines
+// here) made this package the longest of the run (45s; 25s four at a time).
+// `make test` keeps the default.
+func shortParallel() {
+	if !testing.Short() {
+		return
+	}
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		_ = flag.Set("test.parallel", "4")
 	}
 }
 
