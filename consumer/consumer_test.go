@@ -47,7 +47,7 @@ func run(t *testing.T, c *consumer.Consumer) func() error {
 			cancel()
 			select {
 			case err = <-done:
-			case <-time.After(10 * time.Second):
+			case <-time.After(30 * time.Second): // a hang detector: generous on a busy machine
 				t.Fatal("Run did not return after cancel")
 			}
 		})

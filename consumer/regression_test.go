@@ -148,7 +148,7 @@ func TestRegressionDrainTimeoutReturnsWithStuckHandler(t *testing.T) {
 		if !errors.Is(err, consumer.ErrDrainTimeout) {
 			t.Fatalf("Run = %v, want ErrDrainTimeout", err)
 		}
-	case <-time.After(2 * time.Second): // deadline 20ms + grace 100ms
+	case <-time.After(30 * time.Second): // deadline 20ms + grace 100ms; a Run waiting for the handler never returns
 		t.Fatal("Run did not return ErrDrainTimeout: it waits for the stuck handler")
 	}
 }

@@ -247,10 +247,12 @@ func TestFailedSettleKeepsKeyOrderMemory(t *testing.T) {
 // flight, its handler run once, and its dead letter is tried again in
 // place, after 10ms doubling: not in a loop as fast as the calls fail, and
 // not handed back to the broker (which would run the handler again and, on
-// a broker counting deliveries, spend them).
+// a broker counting deliveries, spend them). The engine runs on the
+// broker's virtual clock: half a second of it holds the tries at 10, 30,
+// 70, 150 and 310ms after the first, whatever the machine's load.
 func TestFailingDeadLetterTriedAgainInPlace(t *testing.T) {
 	t.Parallel()
-	br, topic := logWithDLQ(t)
+	br, clk, topic := logWithDLQClock(t)
 	fault := memorytest.Inject(t, br, topic+memory.DeadLetterSuffix, memory.Fault{Kind: memory.FaultFailPublish}) // every time
 	memorytest.Publish(t, br, topic, memorytest.Msg("poison", "k", "x"))
 	src, err := br.JoinGroup(topic, "g")
@@ -262,14 +264,14 @@ func TestFailingDeadLetterTriedAgainInPlace(t *testing.T) {
 	c, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
 		runs.Add(1)
 		return ackwise.Permanent(errors.New("invalid order"))
-	}), consumer.Config{})
+	}), consumer.Config{Clock: clk})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := run(t, c)
 	// Over half a second, pauses of 10, 20, 40, 80, 160ms... leave room
 	// for a handful of tries; without them there are thousands.
-	time.Sleep(500 * time.Millisecond) // a rate over a window: no event to await
+	advanceInPlaceWaits(t, clk, 500*time.Millisecond)
 	if n := fault.Fired(); n < 2 || n > 12 {
 		t.Fatalf("%d tries of a dead letter that always fails, within 500ms: want a few, paced", n)
 	}
@@ -286,10 +288,36 @@ func TestFailingDeadLetterTriedAgainInPlace(t *testing.T) {
 	}
 }
 
+// advanceInPlaceWaits moves clk on by d, in steps of 5ms, with one in-place
+// wait of the engine's armed at each step: a step that ends a wait (its try
+// runs in a goroutine of its own) waits until the engine arms the next, so
+// every try due within d is made, on time, however slowly the machine runs
+// them. It fails t if no wait is armed within a minute: the message was
+// handed back or settled instead.
+func advanceInPlaceWaits(t *testing.T, clk *memory.VirtualClock, d time.Duration) {
+	t.Helper()
+	const step = 5 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for passed := time.Duration(0); passed < d; passed += step {
+		if err := clk.WaitForTimers(ctx, 1); err != nil {
+			t.Fatalf("no in-place wait armed after %v of virtual time", passed)
+		}
+		clk.Advance(step)
+	}
+}
+
 // logWithDLQ starts a memory broker with a topic and its dead-letter queue.
 func logWithDLQ(t *testing.T) (*memory.Broker, string) {
 	t.Helper()
-	br, _ := memorytest.NewBroker(t)
+	br, _, topic := logWithDLQClock(t)
+	return br, topic
+}
+
+// logWithDLQClock is logWithDLQ, with the broker's virtual clock.
+func logWithDLQClock(t *testing.T) (*memory.Broker, *memory.VirtualClock, string) {
+	t.Helper()
+	br, clk := memorytest.NewBroker(t)
 	topic := memorytest.UniqueName(t)
 	if err := br.CreateTopic(topic, memory.TopicConfig{}); err != nil {
 		t.Fatal(err)
@@ -297,17 +325,21 @@ func logWithDLQ(t *testing.T) (*memory.Broker, string) {
 	if err := br.CreateQueue(topic+memory.DeadLetterSuffix, memory.QueueConfig{}); err != nil {
 		t.Fatal(err)
 	}
-	return br, topic
+	return br, clk, topic
 }
 
 // A message whose dead letter always fails, among healthy messages of other
 // keys that settle fine: its dead letter is tried again in place, 10ms
 // doubling up to 5s, so a few times, not as fast as the calls fail, its
 // handler run once, and the healthy messages, received meanwhile, are not
-// held back by its waits. Stop releases it from its wait.
+// held back by its waits. Stop releases it from its wait. The engine runs
+// on the broker's virtual clock: the healthy messages are all handled while
+// it stands still (a healthy message held back until the poison's next try
+// would never be), and a second of it holds a handful of tries, whatever
+// the machine's load.
 func TestFailingSettleDelaysOnlyItsMessage(t *testing.T) {
 	t.Parallel()
-	br, topic := logWithDLQ(t) // one partition: the poison's and the healthy ones'
+	br, clk, topic := logWithDLQClock(t) // one partition: the poison's and the healthy ones'
 	// Only the poison fails, so only its dead letter is attempted.
 	fault := memorytest.Inject(t, br, topic+memory.DeadLetterSuffix, memory.Fault{Kind: memory.FaultFailPublish})
 	memorytest.Publish(t, br, topic, memorytest.Msg("poison", "p", "x"))
@@ -318,9 +350,7 @@ func TestFailingSettleDelaysOnlyItsMessage(t *testing.T) {
 	t.Cleanup(func() { src.Close() })
 	var (
 		poisonRuns atomic.Int64
-		published  sync.Map // healthy ID -> time.Time
 		mu         sync.Mutex
-		worst      time.Duration // the longest a healthy message waited to run
 		handled    = map[string]bool{}
 	)
 	c, err := consumer.New(src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
@@ -328,45 +358,48 @@ func TestFailingSettleDelaysOnlyItsMessage(t *testing.T) {
 			poisonRuns.Add(1)
 			return ackwise.Permanent(errors.New("invalid order"))
 		}
-		at, _ := published.Load(m.ID)
 		mu.Lock()
-		worst = max(worst, time.Since(at.(time.Time)))
 		handled[m.ID] = true
 		mu.Unlock()
 		return nil
-	}), consumer.Config{})
+	}), consumer.Config{Clock: clk, Concurrency: 1}) // one worker: the poison's wait must not hold it
 	if err != nil {
 		t.Fatal(err)
 	}
 	stop := run(t, c)
-	// A steady stream for a second (a rate over a window: no event to
-	// await): settles keep succeeding beside the failing one.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := clk.WaitForTimers(ctx, 1); err != nil { // the poison's first try failed: it waits
+		t.Fatal("the poison's dead letter never waited in place")
+	}
+	// Healthy messages arrive while it waits; the clock stands still.
 	const healthy = 50
 	for i := range healthy {
 		id := "h" + strconv.Itoa(i)
-		published.Store(id, time.Now())
 		memorytest.Publish(t, br, topic, memorytest.Msg(id, "k"+strconv.Itoa(i%10), "x"))
-		time.Sleep(20 * time.Millisecond)
 	}
 	memorytest.WaitForAckCount(t, br, topic, healthy)
+	mu.Lock()
+	if len(handled) != healthy {
+		t.Errorf("%d of %d healthy messages handled", len(handled), healthy)
+	}
+	mu.Unlock()
+	if n := fault.Fired(); n != 1 {
+		t.Fatalf("%d tries of the poison's dead letter before its wait ended, want 1", n)
+	}
 	// Over a second, waits of 10, 20, 40... 320, 640ms leave room for a
 	// handful of tries; without them there are hundreds.
+	advanceInPlaceWaits(t, clk, time.Second)
+	t.Logf("%d tries within a second", fault.Fired())
 	if n := fault.Fired(); n < 2 || n > 15 {
-		t.Errorf("%d tries of a dead letter that always fails, within a second of healthy traffic: want a few, paced", n)
+		t.Errorf("%d tries of a dead letter that always fails, within a second: want a few, paced", n)
 	}
 	if n := poisonRuns.Load(); n != 1 {
 		t.Errorf("the poison ran %d times: want once, its dead letter tried again in place", n)
 	}
-	mu.Lock()
-	if len(handled) != healthy || worst > time.Second {
-		t.Errorf("%d of %d healthy messages handled, the slowest %v after its publish: want all, promptly", len(handled), healthy, worst)
-	}
-	mu.Unlock()
-	start := time.Now()
+	// Stop releases the poison's wait: a Run waiting for its next try
+	// (the clock stands still) would not return (stop fails the test).
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Errorf("Run took %v to stop with the failing message waiting: its wait was not released", d)
 	}
 }
