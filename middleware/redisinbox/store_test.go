@@ -105,7 +105,10 @@ func TestDoneRecordLivesForRetention(t *testing.T) {
 // handled — which is the documented window for a second external call.
 func TestCrashedClaimExpires(t *testing.T) {
 	t.Parallel()
-	s, _ := newStore(t, redisinbox.Config{LockTTL: 200 * time.Millisecond})
+	// Long enough that the lock is still held when the delivery below
+	// comes, however slowly a busy machine gets there.
+	const ttl = 2 * time.Second
+	s, _ := newStore(t, redisinbox.Config{LockTTL: ttl})
 	key := middleware.InboxKey{Consumer: "mailer", EventID: "e1"}
 	if _, ok, err := s.ClaimEvent(t.Context(), key); !ok || err != nil { // never committed: the crash
 		t.Fatalf("claim: %v %v", ok, err)
@@ -118,11 +121,11 @@ func TestCrashedClaimExpires(t *testing.T) {
 	h := mw(ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { runs.Add(1); return nil }))
 	err = h.Handle(t.Context(), msgFor("e1"))
 	d, retry := ackwise.RetryAfterOf(err)
-	if !errors.Is(err, redisinbox.ErrInProgress) || !retry || d <= 0 || d > 200*time.Millisecond {
+	if !errors.Is(err, redisinbox.ErrInProgress) || !retry || d <= 0 || d > ttl {
 		t.Fatalf("delivery while locked: %v (retry after %v); want ErrInProgress with a delay within the lock TTL", err, d)
 	}
 	// Redeliver after the delay the error asked for, as the engine would.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second) // a hang detector: generous on a busy machine
 	for {
 		time.Sleep(d)
 		err = h.Handle(t.Context(), msgFor("e1"))
@@ -140,7 +143,9 @@ func TestCrashedClaimExpires(t *testing.T) {
 
 func TestRollbackKeepsAnotherClaimsLock(t *testing.T) {
 	t.Parallel()
-	s, rdb := newStore(t, redisinbox.Config{LockTTL: 100 * time.Millisecond})
+	// The expiry is stood in for below: the fresh claim's lock must not
+	// run out on its own before the check, however slow the machine.
+	s, rdb := newStore(t, redisinbox.Config{LockTTL: time.Minute})
 	key := middleware.InboxKey{Consumer: "c", EventID: "e"}
 	stale, ok, err := s.ClaimEvent(t.Context(), key)
 	if !ok || err != nil {
