@@ -130,18 +130,17 @@ func TestShareShutdownReleasesRetryingRecords(t *testing.T) {
 		return ackwise.RetryAfter(errors.New("slow down"), time.Minute)
 	})
 	log := make(outcomeLog, 16)
-	stop := runShareConsumer(t, src, h, consumer.Config{Concurrency: 3, MaxInFlight: 3, Observer: log, DrainTimeout: 5 * time.Second})
+	// A drain that waited for the retries (a minute away) would end at
+	// DrainTimeout, and Run would return ErrDrainTimeout: no wall-clock
+	// bound of the test's own, which a busy machine could overrun.
+	stop := runShareConsumer(t, src, h, consumer.Config{Concurrency: 3, MaxInFlight: 3, Observer: log, DrainTimeout: 20 * time.Second})
 	for range in {
 		if o := awaitOutcome(t, log); o != consumer.Retried {
 			t.Fatalf("outcome %v, want retried", o)
 		}
 	}
-	begun := time.Now()
 	if err := stop(); err != nil {
-		t.Fatalf("Run = %v", err)
-	}
-	if d := time.Since(begun); d > 3*time.Second {
-		t.Fatalf("drain took %v with every record waiting for a retry", d)
+		t.Fatalf("Run = %v: the drain waited for the records' retries", err)
 	}
 	if err := src.Close(); err != nil {
 		t.Fatal(err)
