@@ -34,7 +34,7 @@ func publishN(t *testing.T, sink *Sink, n int, key func(i int) string) []*ackwis
 // receiveN receives exactly n messages.
 func receiveN(t *testing.T, src adapters.Source, n int) []*ackwise.Message {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // generous on a busy machine
 	defer cancel()
 	var out []*ackwise.Message
 	for len(out) < n {
@@ -52,7 +52,7 @@ func receiveN(t *testing.T, src adapters.Source, n int) []*ackwise.Message {
 // the broker offers no notification of commits.
 func waitCommitted(t *testing.T, brokers []string, group, topic string, partition int32, want int64) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // generous on a busy machine
 	defer cancel()
 	for {
 		got := committed(ctx, t, brokers, group, topic, partition)
