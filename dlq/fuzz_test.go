@@ -42,6 +42,9 @@ func FuzzDecode(f *testing.F) {
 	f.Add([]byte("ackwise-dlq-reason\x1fmax-attempts\x1eackwise-dlq-attempts\x1f-9223372036854775809"))
 	f.Add([]byte("x-tenant\x1facme\x1eAuthorization\x1fBearer s3cret\x1eackwise-redrive-count\x1f2"))
 	f.Add([]byte("ackwise-redrive-count\x1f18446744073709551616\x1eackwise-redrive-count\x1f1"))
+	f.Add([]byte("ackwise-dlq-trimmed\x1fvalue-bytes=10;value-kept=4"))
+	f.Add([]byte("ackwise-dlq-trimmed\x1fvalue-bytes=10;value-kept=10;value-bytes=11"))
+	valid := dlq.Envelope{Reason: dlq.ReasonPermanent, Error: "e", ErrorClass: "permanent", Source: "q", Partition: -1, Offset: -1, Attempts: 2, Consumer: "c"}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		h := headersFrom(data)
 		orig := h.Clone()
@@ -51,6 +54,15 @@ func FuzzDecode(f *testing.F) {
 		}
 		if n, ok := dlq.RedriveCount(h); ok && n < 0 || !ok && n != 0 {
 			t.Fatalf("RedriveCount = %d, %v", n, ok)
+		}
+		// Only a marker that reads as the whole payload kept lets a dead
+		// letter be redriven; a marker is replaced at dead-lettering.
+		if marker, ok := h.Lookup(dlq.HeaderTrimmed); ok && !dlq.PayloadCut(h) &&
+			(!strings.Contains(marker, "value-bytes=") || !strings.Contains(marker, "value-kept=")) {
+			t.Fatalf("PayloadCut(%q) = false without both sizes", marker)
+		}
+		if dlq.PayloadCut(valid.Apply(h)) {
+			t.Fatalf("PayloadCut after Apply over %q: a producer's marker survived", h)
 		}
 		stripped := dlq.Strip(h)
 		var want ackwise.Headers
@@ -62,7 +74,6 @@ func FuzzDecode(f *testing.F) {
 		if !slices.Equal(stripped, want) {
 			t.Fatalf("Strip(%q) = %q, want %q", h, stripped, want)
 		}
-		valid := dlq.Envelope{Reason: dlq.ReasonPermanent, Error: "e", ErrorClass: "permanent", Source: "q", Partition: -1, Offset: -1, Attempts: 2, Consumer: "c"}
 		applied := valid.Apply(h)
 		got, err := dlq.Decode(applied)
 		if err != nil || got != valid {
