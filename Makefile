@@ -1,7 +1,9 @@
 # make test: what CI runs (.ci/run). The tests talk to the real PostgreSQL,
 # RabbitMQ and Redis on this machine; .ci/run checks and starts them first.
+# -count=1: a cached pass would hide a test that can no longer reach its
+# service, or one that fails only on a busy machine.
 GO ?= go
-GOTESTFLAGS ?= -race -timeout 20m
+GOTESTFLAGS ?= -race -count=1 -timeout 20m
 FUZZTIME ?= 2m
 FUZZFLAGS ?= -parallel 1
 
