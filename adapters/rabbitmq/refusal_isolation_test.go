@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"sync"
 	"testing"
 
@@ -24,7 +25,7 @@ func TestChannelRefusalFailsOnlyTheCulprit(t *testing.T) {
 	c := needBroker(t)
 	cfg := testConfig(t, Classic)
 	declare(t, cfg)
-	sink := goodOnlySink(t, c, cfg)
+	sink, goodKey := goodOnlySink(t, c, cfg)
 	const rounds, good = 5, 8
 	want := map[string]bool{}
 	for r := range rounds {
@@ -38,7 +39,7 @@ func TestChannelRefusalFailsOnlyTheCulprit(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				<-start
-				errs[i] = sink.Publish(ctxT(t), &ackwise.Message{ID: id, Key: "good", Payload: []byte("ok")})
+				errs[i] = sink.Publish(ctxT(t), &ackwise.Message{ID: id, Key: goodKey, Payload: []byte("ok")})
 			}()
 		}
 		var badErr error
@@ -73,13 +74,16 @@ func TestChannelRefusalFailsOnlyTheCulprit(t *testing.T) {
 }
 
 // goodOnlySink returns a sink on amq.topic, whose messages go with their
-// Key, for a user whose topic permissions allow routing key "good" alone:
+// Key, for a user whose topic permissions allow routing key goodKey alone:
 // the broker refuses any other by closing the channel (403). cfg's queue
-// is bound to "good".
-func goodOnlySink(t *testing.T, c *amqp.Connection, cfg Config) *Sink {
+// is bound to goodKey, named after the queue: amq.topic is shared by every
+// test running at once, and a fixed key would bind each such test's queue
+// to the others' messages.
+func goodOnlySink(t *testing.T, c *amqp.Connection, cfg Config) (sink *Sink, goodKey string) {
 	t.Helper()
+	goodKey = "good-" + cfg.Queue
 	if err := withChannel(c, func(ch *amqp.Channel) error {
-		return ch.QueueBind(cfg.Queue, "good", "amq.topic", false, nil)
+		return ch.QueueBind(cfg.Queue, goodKey, "amq.topic", false, nil)
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -87,11 +91,11 @@ func goodOnlySink(t *testing.T, c *amqp.Connection, cfg Config) *Sink {
 	rabbitmqctl(t, "add_user", user, "pw")
 	t.Cleanup(func() { rabbitmqctl(t, "delete_user", user) })
 	rabbitmqctl(t, "set_permissions", "-p", "/", user, ".*", ".*", ".*")
-	rabbitmqctl(t, "set_topic_permissions", "-p", "/", user, "amq.topic", "^good$", ".*")
+	rabbitmqctl(t, "set_topic_permissions", "-p", "/", user, "amq.topic", "^"+regexp.QuoteMeta(goodKey)+"$", ".*")
 	u, err := url.Parse(cfg.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	u.User = url.UserPassword(user, "pw")
-	return newSink(t, SinkConfig{URL: u.String(), Exchange: "amq.topic", ConnectionName: cfg.ConnectionName})
+	return newSink(t, SinkConfig{URL: u.String(), Exchange: "amq.topic", ConnectionName: cfg.ConnectionName}), goodKey
 }

@@ -21,13 +21,13 @@ func TestSinkReportsUnroutableMessage(t *testing.T) {
 	cfg := testConfig(t, Classic)
 	declare(t, cfg)
 	if err := withChannel(c, func(ch *amqp.Channel) error {
-		return ch.QueueBind(cfg.Queue, "good", "amq.direct", false, nil)
+		return ch.QueueBind(cfg.Queue, "good-"+cfg.Queue, "amq.direct", false, nil) // amq.direct is shared: a key of its own
 	}); err != nil {
 		t.Fatal(err)
 	}
 	// No routing key of its own: each message goes with its Key.
 	sink := newSink(t, SinkConfig{URL: cfg.URL, Exchange: "amq.direct", ConnectionName: cfg.ConnectionName})
-	err := sink.Publish(ctxT(t), partialBatch("good", "nowhere")...)
+	err := sink.Publish(ctxT(t), partialBatch("good-"+cfg.Queue, "nowhere-"+cfg.Queue)...)
 	requireOnlyMiddleFailed(t, c, cfg.Queue, err, func(f error) bool { return errors.Is(f, ErrUnroutable) })
 }
 
@@ -40,8 +40,8 @@ func TestSinkReportsRefusedMessage(t *testing.T) {
 	c := needBroker(t)
 	cfg := testConfig(t, Classic)
 	declare(t, cfg)
-	sink := goodOnlySink(t, c, cfg)
-	err := sink.Publish(ctxT(t), partialBatch("good", "bad")...)
+	sink, goodKey := goodOnlySink(t, c, cfg)
+	err := sink.Publish(ctxT(t), partialBatch(goodKey, "bad")...)
 	requireOnlyMiddleFailed(t, c, cfg.Queue, err, func(f error) bool {
 		var ae *amqp.Error
 		return errors.As(f, &ae) && ae.Code == amqp.AccessRefused && ackwise.ClassOf(f) == ackwise.ClassPermanent
