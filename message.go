@@ -30,6 +30,13 @@ const (
 	HeaderTraceparent = "traceparent"
 )
 
+// MaxAttempt bounds the attempt number an adapter takes from a header or a
+// broker's count (HeaderAttempt, x-death, x-delivery-count): no retry
+// policy gets that far, so a larger count is a producer's forgery, and sums
+// of counts saturate here rather than wrap around to a small number that
+// would start the retries over (docs/trust-boundary.md).
+const MaxAttempt = 1 << 20
+
 // IsHopHeader reports whether key is one of the headers the engine's own
 // hops carry (HeaderAttempt, HeaderFirstFailure): sinks and redrive drop
 // them, so that a message published anew starts at attempt 1.

@@ -857,11 +857,8 @@ func retryHeaders(r *kgo.Record) (due time.Time, group string, tagged bool) {
 }
 
 // maxAttempt caps the attempt number read from a retry topic's
-// ackwise-attempt and written to the next hop: a count that high is a
-// forgery or corruption (a retry policy runs out long before), and a cap
-// keeps the count from wrapping to a negative number, which would read as
-// attempt 1 and start the retries over.
-const maxAttempt = 1 << 20
+// ackwise-attempt and written to the next hop (ackwise.MaxAttempt).
+const maxAttempt = ackwise.MaxAttempt
 
 // parseCount reads a non-negative decimal number written by this package
 // (an attempt, a partition, an offset, Unix milliseconds): ASCII digits

@@ -152,9 +152,8 @@ func integer(v any) (int64, bool) {
 // included), so none of them is taken as it comes (invariant 10).
 const (
 	// maxAttempt bounds Message.Attempt and the ackwise-attempt taken from
-	// a header: no retry policy gets that far, and sums of counts
-	// saturate at it instead of wrapping around to a small number.
-	maxAttempt = 1 << 20
+	// a header (ackwise.MaxAttempt): sums of counts saturate at it.
+	maxAttempt = ackwise.MaxAttempt
 	// maxDeathCount bounds an x-death count: RabbitMQ increments the
 	// count of an entry it matches, so a count near MaxInt64 would
 	// overflow there. No message was dead-lettered two billion times.
