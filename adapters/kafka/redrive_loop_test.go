@@ -12,6 +12,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters/adaptertest"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/dlq"
 )
@@ -102,23 +103,7 @@ func TestRedriveIntoAFailingConsumerEnds(t *testing.T) {
 		defer from.Close()
 		to := openSink(t, Config{Brokers: brokers, Topic: cfg.Topic})
 		defer to.Close()
-		moved := map[string]bool{}
-		limited := 0
-		opts.OnMessage = func(m *ackwise.Message, _ dlq.Envelope, a dlq.Action) {
-			switch a {
-			case dlq.ActionMoved:
-				if moved[m.ID] {
-					t.Errorf("%s moved twice in one run", m.ID)
-				}
-				moved[m.ID] = true
-			case dlq.ActionRedriveLimit:
-				limited++
-			}
-		}
-		res, err := dlq.Redrive(rctx, from, to, opts)
-		if err != nil {
-			t.Fatalf("redrive: %+v: %v", res, err)
-		}
+		res, moved, limited := adaptertest.RedriveRun(rctx, t, from, to, opts)
 		if err := from.Close(); err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters/adaptertest"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/dlq"
 )
@@ -65,23 +66,7 @@ func redriveRun(ctx context.Context, t *testing.T, cfg Config, prefetch int, opt
 	t.Helper()
 	from := newSource(t, Config{URL: cfg.URL, Queue: cfg.Queue + ".dlq", Plain: true, Prefetch: prefetch})
 	to := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue})
-	moved := map[string]bool{}
-	limited := 0
-	opts.OnMessage = func(m *ackwise.Message, _ dlq.Envelope, a dlq.Action) {
-		switch a {
-		case dlq.ActionMoved:
-			if moved[m.ID] {
-				t.Errorf("%s moved twice in one run", m.ID)
-			}
-			moved[m.ID] = true
-		case dlq.ActionRedriveLimit:
-			limited++
-		}
-	}
-	res, err := dlq.Redrive(ctx, from, to, opts)
-	if err != nil {
-		t.Fatalf("redrive: %+v: %v", res, err)
-	}
+	res, moved, limited := adaptertest.RedriveRun(ctx, t, from, to, opts)
 	if err := from.Close(); err != nil {
 		t.Fatal(err)
 	}
