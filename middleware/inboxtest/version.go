@@ -33,6 +33,16 @@ func gateCfg(t testing.TB, store middleware.VersionStore, cfg middleware.Version
 	return mw(h)
 }
 
+// recordApplied is a handler that appends the version of each message it
+// handles to applied (one goroutine at a time).
+func recordApplied(applied *[]int64) ackwise.HandlerFunc {
+	return func(ctx context.Context, msg *ackwise.Message) error {
+		v, _ := middleware.AggregateVersion(msg)
+		*applied = append(*applied, v)
+		return nil
+	}
+}
+
 // requireGapRefusal fails unless err is the gate's refusal of version v
 // over the recorded version rec: permanent, wrapping ErrVersionGap and
 // ErrInvalid, naming the header, the version and the recorded version.
@@ -58,11 +68,7 @@ func RunVersion(t *testing.T, newStore func(t *testing.T) middleware.VersionStor
 		t.Parallel()
 		store := newStore(t)
 		var applied []int64
-		h := gate(t, store, unique(t), func(ctx context.Context, msg *ackwise.Message) error {
-			v, _ := middleware.AggregateVersion(msg)
-			applied = append(applied, v)
-			return nil
-		})
+		h := gate(t, store, unique(t), recordApplied(&applied))
 		for _, v := range []int64{1, 1, 3, 2, 3, 4} {
 			if err := h.Handle(t.Context(), versionMsg("acct-1", v)); err != nil {
 				t.Fatalf("v%d: %v", v, err)
@@ -190,11 +196,7 @@ func runVersionGap(t *testing.T, newStore func(t *testing.T) middleware.VersionS
 		defer cancel()
 		store := newStore(t)
 		var applied []int64
-		h := gate(t, store, unique(t), func(ctx context.Context, msg *ackwise.Message) error {
-			v, _ := middleware.AggregateVersion(msg)
-			applied = append(applied, v)
-			return nil
-		})
+		h := gate(t, store, unique(t), recordApplied(&applied))
 		for _, agg := range []string{"acct-old", "acct-new"} {
 			rec := int64(0)
 			if agg == "acct-old" {
@@ -220,11 +222,7 @@ func runVersionGap(t *testing.T, newStore func(t *testing.T) middleware.VersionS
 		defer cancel()
 		store := newStore(t)
 		var applied []int64
-		h := gateCfg(t, store, middleware.VersionGateConfig{Consumer: unique(t), MaxVersionGap: 10}, func(ctx context.Context, msg *ackwise.Message) error {
-			v, _ := middleware.AggregateVersion(msg)
-			applied = append(applied, v)
-			return nil
-		})
+		h := gateCfg(t, store, middleware.VersionGateConfig{Consumer: unique(t), MaxVersionGap: 10}, recordApplied(&applied))
 		for _, step := range []struct {
 			v, refusedOver int64 // refusedOver: the recorded version, or -1 when applied
 		}{{11, 0}, {10, -1}, {20, -1}, {31, 20}, {30, -1}, {5, -1 /* stale: acked unrun */}} {
@@ -246,11 +244,7 @@ func runVersionGap(t *testing.T, newStore func(t *testing.T) middleware.VersionS
 		t.Parallel()
 		store := newStore(t)
 		var applied []int64
-		h := gate(t, store, unique(t), func(ctx context.Context, msg *ackwise.Message) error {
-			v, _ := middleware.AggregateVersion(msg)
-			applied = append(applied, v)
-			return nil
-		})
+		h := gate(t, store, unique(t), recordApplied(&applied))
 		year2100 := time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano()
 		now := time.Now().UnixNano()
 		for _, v := range []int64{now, now + int64(24*time.Hour), year2100} {
