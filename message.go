@@ -220,3 +220,16 @@ type Message struct {
 	// Message cannot hold; other sinks ignore it.
 	Handle any
 }
+
+// EventID returns the message's event ID: m.ID, or else the value of its
+// last ackwise-event-id header (HeaderEventID; the last, as [Headers.Get]
+// reads a Kafka record that repeats the key), or "" when it has neither.
+// The ID is taken as is, never trimmed or checked: a producer's ID is
+// compared byte for byte by the inbox, redrive and the CLI, which all read
+// it through this method. It is the one place the rule lives.
+func (m *Message) EventID() string {
+	if m.ID != "" {
+		return m.ID
+	}
+	return m.Headers.Get(HeaderEventID)
+}

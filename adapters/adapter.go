@@ -241,12 +241,3 @@ type Sink interface {
 	// Close flushes and waits for outstanding confirmations.
 	Close() error
 }
-
-// EventID returns the event ID of msg: Message.ID, else its
-// ackwise-event-id header.
-func EventID(msg *ackwise.Message) string {
-	if msg.ID != "" {
-		return msg.ID
-	}
-	return msg.Headers.Get(ackwise.HeaderEventID)
-}

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/ackwise/ackwise"
-	"github.com/ackwise/ackwise/adapters"
 )
 
 // Defaults for zero Breaker fields.
@@ -101,7 +100,7 @@ func breakerKey(msg *ackwise.Message) string {
 	if msg.Key != "" {
 		return msg.Key
 	}
-	if id := adapters.EventID(msg); id != "" {
+	if id := msg.EventID(); id != "" {
 		return id
 	}
 	return msg.BrokerID

@@ -427,7 +427,7 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 	maxRedrives := cmp.Or(opts.MaxRedrives, DefaultMaxRedrives)
 	moved := movedIDs{seed: maphash.MakeSeed(), m: map[uint64]struct{}{}}
 	note := func(msg *ackwise.Message, env Envelope, a Action) {
-		r.log.Debug("dlq: redrive", slog.String("action", string(a)), slog.String("event_id", eventID(msg)), slog.String("broker_id", msg.BrokerID), slog.String("reason", string(env.Reason)))
+		r.log.Debug("dlq: redrive", slog.String("action", string(a)), slog.String("event_id", msg.EventID()), slog.String("broker_id", msg.BrokerID), slog.String("reason", string(env.Reason)))
 		if opts.OnMessage != nil {
 			opts.OnMessage(msg, env, a)
 		}
@@ -505,7 +505,7 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 				note(msg, env, ActionSkipped)
 				continue
 			}
-			id := eventID(msg)
+			id := msg.EventID()
 			count, countOK := RedriveCount(msg.Headers)
 			switch {
 			case PayloadCut(msg.Headers):
@@ -588,7 +588,7 @@ func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, timeo
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("not confirmed within %v (the target may be down): %w", timeout, err)
 		}
-		return fmt.Errorf("dlq: redrive of %s (event %q): publish failed, the dead letter stays in the dead-letter destination: %w", msg.BrokerID, eventID(msg), err)
+		return fmt.Errorf("dlq: redrive of %s (event %q): publish failed, the dead letter stays in the dead-letter destination: %w", msg.BrokerID, msg.EventID(), err)
 	}
 	// The copy is confirmed: ack even if ctx was cancelled meanwhile, so
 	// that an interrupted run does not leave a duplicate behind.
@@ -596,7 +596,7 @@ func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, timeo
 	defer cancel()
 	if err := r.from.Ack(actx, msg); err != nil {
 		r.hold(msg)
-		return fmt.Errorf("dlq: redrive of %s (event %q): published, but the ack of the dead letter failed; it stays in the dead-letter destination too, and a later redrive publishes it again (consumers deduplicate on the event ID): %w", msg.BrokerID, eventID(msg), err)
+		return fmt.Errorf("dlq: redrive of %s (event %q): published, but the ack of the dead letter failed; it stays in the dead-letter destination too, and a later redrive publishes it again (consumers deduplicate on the event ID): %w", msg.BrokerID, msg.EventID(), err)
 	}
 	return nil
 }
@@ -633,7 +633,7 @@ func redriveCopy(msg *ackwise.Message, count int) *ackwise.Message {
 		count++
 	}
 	h.Set(HeaderRedriveCount, strconv.Itoa(count))
-	return &ackwise.Message{ID: eventID(msg), Key: msg.Key, Payload: msg.Payload, Headers: h, Handle: RedriveHandle{DeadLetter: msg}}
+	return &ackwise.Message{ID: msg.EventID(), Key: msg.Key, Payload: msg.Payload, Headers: h, Handle: RedriveHandle{DeadLetter: msg}}
 }
 
 // movedIDs is the set of event IDs a run moved, as 64-bit hashes (a
@@ -655,13 +655,6 @@ func (s movedIDs) add(id string) {
 }
 
 func (s movedIDs) len() int { return len(s.m) }
-
-func eventID(msg *ackwise.Message) string {
-	if msg.ID != "" {
-		return msg.ID
-	}
-	return msg.Headers.Get(ackwise.HeaderEventID)
-}
 
 // run is the receive-and-hold machinery Redrive and Inspect share.
 type run struct {
@@ -787,7 +780,7 @@ func (r *run) releaseAll(ctx context.Context) int {
 		if err := r.from.Release(rctx, msg); err != nil {
 			failed++
 			r.log.Warn("dlq: release failed; the broker redelivers the message when its lease ends",
-				slog.String("broker_id", msg.BrokerID), slog.String("event_id", eventID(msg)), slog.Any("error", err))
+				slog.String("broker_id", msg.BrokerID), slog.String("event_id", msg.EventID()), slog.Any("error", err))
 		}
 		r.pending[i] = nil
 	}

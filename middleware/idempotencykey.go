@@ -15,7 +15,7 @@ const IdempotencyKeyPrefix = "ackwise-"
 // IdempotencyKey returns a stable idempotency key for one external call a
 // handler makes, to pass to a payment, e-mail or other API that deduplicates
 // by key (Stripe's Idempotency-Key header and the like). It is derived from
-// the consumer name, the message's event ID ([EventID]) and step, a name for
+// the consumer name, the message's event ID ([ackwise.Message.EventID]) and step, a name for
 // the call within the handler ("charge", "receipt-email"), so that:
 //
 //   - every redelivery and retry of the event yields the same key, and the API
@@ -33,7 +33,7 @@ const IdempotencyKeyPrefix = "ackwise-"
 // [InboxIdempotencyKey] instead: it derives the key from the event ID the
 // inbox claimed, which this function cannot see.
 func IdempotencyKey(msg *ackwise.Message, consumer, step string) string {
-	return idempotencyKey(consumer, EventID(msg), step)
+	return idempotencyKey(consumer, msg.EventID(), step)
 }
 
 // InboxIdempotencyKey is [IdempotencyKey] for a handler run by an [Inbox]:

@@ -65,7 +65,7 @@ type InboxConfig struct {
 	// consumer group), the first half of every inbox key. Required. Renaming
 	// a consumer forgets what it has handled.
 	Consumer string
-	// KeyFunc returns the event ID of a message. Nil means [EventID]: the
+	// KeyFunc returns the event ID of a message. Nil means [ackwise.Message.EventID]: the
 	// message's ID, from the ackwise-event-id header. It must be stable across
 	// redeliveries and unique per event; a hash of the payload is neither (two
 	// identical top-ups are two events), which is why it is not the default.
@@ -83,15 +83,6 @@ type InboxConfig struct {
 	// Logger receives a Debug record per duplicate and a Warn record when a
 	// rollback fails. Nil discards.
 	Logger *slog.Logger
-}
-
-// EventID returns the event ID of msg: msg.ID, or else its ackwise-event-id
-// header. It returns "" when there is none.
-func EventID(msg *ackwise.Message) string {
-	if msg.ID != "" {
-		return msg.ID
-	}
-	return msg.Headers.Get(ackwise.HeaderEventID)
 }
 
 // Inbox returns the idempotency middleware: each event (InboxKey: consumer
@@ -128,7 +119,7 @@ func Inbox(store InboxStore, cfg InboxConfig) (ackwise.Middleware, error) {
 	}
 	keyFunc := cfg.KeyFunc
 	if keyFunc == nil {
-		keyFunc = func(msg *ackwise.Message) (string, error) { return EventID(msg), nil }
+		keyFunc = func(msg *ackwise.Message) (string, error) { return msg.EventID(), nil }
 	}
 	logger := cfg.Logger
 	if logger == nil {
@@ -184,7 +175,7 @@ func runClaimed(ctx context.Context, c Claim, next ackwise.Handler, msg *ackwise
 		defer cancel()
 		if rerr := c.Rollback(rctx); rerr != nil {
 			logger.LogAttrs(ctx, slog.LevelWarn, what+" rollback failed",
-				slog.String(LogKeyEventID, EventID(msg)), slog.String(LogKeyError, rerr.Error()))
+				slog.String(LogKeyEventID, msg.EventID()), slog.String(LogKeyError, rerr.Error()))
 		}
 	}()
 	if err := next.Handle(c.Context(ctx), msg); err != nil {

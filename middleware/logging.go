@@ -53,7 +53,7 @@ func Logging(logger *slog.Logger) ackwise.Middleware {
 			attrs := make([]slog.Attr, 0, 8)
 			attrs = append(attrs,
 				slog.String(LogKeySource, msg.Source),
-				slog.String(LogKeyEventID, EventID(msg)),
+				slog.String(LogKeyEventID, msg.EventID()),
 				slog.String(LogKeyBrokerID, msg.BrokerID),
 				slog.Int(LogKeyAttempt, msg.Attempt),
 				slog.Duration(LogKeyDuration, time.Since(start)),

@@ -102,7 +102,7 @@ func Tracing(tp trace.TracerProvider, cfg TracingConfig) ackwise.Middleware {
 			attrs = append(attrs, static...)
 			attrs = append(attrs,
 				attribute.String(SpanAttrDestination, msg.Source),
-				attribute.String(SpanAttrMessageID, EventID(msg)),
+				attribute.String(SpanAttrMessageID, msg.EventID()),
 				attribute.Int(SpanAttrAttempt, msg.Attempt),
 			)
 			if msg.Partition >= 0 {

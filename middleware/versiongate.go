@@ -174,7 +174,7 @@ func VersionGate(store VersionStore, cfg VersionGateConfig) (ackwise.Middleware,
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endTimeout)
 				if rerr := c.Rollback(rctx); rerr != nil {
 					logger.LogAttrs(ctx, slog.LevelWarn, "version gate rollback failed",
-						slog.String(LogKeyEventID, EventID(msg)), slog.String(LogKeyError, rerr.Error()))
+						slog.String(LogKeyEventID, msg.EventID()), slog.String(LogKeyError, rerr.Error()))
 				}
 				cancel()
 				return ackwise.Permanent(fmt.Errorf("%w: version gate: %s %d of aggregate %q is more than MaxVersionGap %d above the recorded version %d; not applied (%w)",
@@ -182,7 +182,7 @@ func VersionGate(store VersionStore, cfg VersionGateConfig) (ackwise.Middleware,
 			}
 			if !newer {
 				logger.LogAttrs(ctx, slog.LevelDebug, "stale event acknowledged without handling",
-					slog.String("aggregate", agg), slog.Int64("version", ver), slog.String(LogKeyEventID, EventID(msg)))
+					slog.String("aggregate", agg), slog.Int64("version", ver), slog.String(LogKeyEventID, msg.EventID()))
 				if cfg.OnStale != nil {
 					cfg.OnStale(ctx, msg, ver)
 				}

@@ -106,7 +106,7 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 		}
 		// An ID only in the header (a forwarded or redriven message, an
 		// outbox row) is the event's: keep it, and make it the message's.
-		if id := adapters.EventID(m); id == "" {
+		if id := m.EventID(); id == "" {
 			m.ID = p.newID()
 		} else if m.ID == "" {
 			m.ID = id

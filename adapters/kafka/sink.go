@@ -202,7 +202,7 @@ func produceOne(ctx context.Context, cl *kgo.Client, rec *kgo.Record) error {
 
 // recordHeaders converts m's headers for a record a user publishes (Sink,
 // TransactSession outputs; not a retry-topic hop or a dead letter). When
-// m.ID is set it is the event ID (adapters.EventID) and the record's only
+// m.ID is set it is the event ID (Message.EventID) and the record's only
 // ackwise-event-id, first; a header the message carried under that name
 // (stale, copied from another event, or empty) is dropped. Without m.ID
 // that header passes as it is. The engine's hop headers ackwise-attempt

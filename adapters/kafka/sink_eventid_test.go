@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/ackwise/ackwise"
-	"github.com/ackwise/ackwise/adapters"
 )
 
 // TestSinkEventIDFromMessageID: Message.ID is the event ID (adapters.EventID,
@@ -36,7 +35,7 @@ func TestSinkEventIDFromMessageID(t *testing.T) {
 		t.Fatalf("%d records, want %d", len(recs), len(msgs))
 	}
 	for i, r := range recs {
-		want := adapters.EventID(msgs[i])
+		want := msgs[i].EventID()
 		var ids []string
 		var others []string
 		for _, h := range r.Headers {

@@ -568,7 +568,7 @@ func (b *Broker) publishInto(ctx context.Context, d destination, msgs []*ackwise
 				if x.f.AfterStore {
 					d.storeLocked(m, now)
 				}
-				base.record(Event{Kind: EventFault, Fault: x.f.Kind, ID: adaptersEventID(m), Key: m.Key, Partition: -1, Offset: -1}, now)
+				base.record(Event{Kind: EventFault, Fault: x.f.Kind, ID: m.EventID(), Key: m.Key, Partition: -1, Offset: -1}, now)
 				d.wakeLocked()
 				base.mu.Unlock()
 				if x.f.Kind == FaultHangPublish {
@@ -583,13 +583,6 @@ func (b *Broker) publishInto(ctx context.Context, d destination, msgs []*ackwise
 	d.wakeLocked()
 	base.mu.Unlock()
 	return -1, nil
-}
-
-func adaptersEventID(m *ackwise.Message) string {
-	if m.ID != "" {
-		return m.ID
-	}
-	return m.Headers.Get(ackwise.HeaderEventID)
 }
 
 // copyHeaders returns a copy of h with the event ID header set to id when id

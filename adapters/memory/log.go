@@ -157,7 +157,7 @@ func (t *topic) storeLocked(m *ackwise.Message, now time.Time) {
 	p := t.partitionFor(m.Key)
 	off := p.end
 	sl := p.appendSlot(t.cfg.Retention)
-	id := adaptersEventID(m)
+	id := m.EventID()
 	sl.first.Message = ackwise.Message{
 		ID:          id,
 		Key:         m.Key,

@@ -153,7 +153,7 @@ func (q *queue) kind() string { return "queue" }
 func (q *queue) storeLocked(m *ackwise.Message, now time.Time) {
 	rec := q.recs.alloc()
 	q.seq++
-	id := adaptersEventID(m)
+	id := m.EventID()
 	rec.first.rec = rec
 	rec.first.Message = ackwise.Message{
 		ID:          id,

@@ -100,7 +100,7 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	out := make([]outgoing, len(msgs))
 	now := time.Now()
 	for i, m := range msgs {
-		id := adapters.EventID(m)
+		id := m.EventID()
 		pub := amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: id, Timestamp: now, Body: m.Payload}
 		var orig amqp.Table
 		if d := redrivenDelivery(m); d != nil {
