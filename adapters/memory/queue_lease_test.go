@@ -12,7 +12,6 @@ import (
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/adapters/memory/memorytest"
-	"github.com/ackwise/ackwise/dlq"
 )
 
 // relClock hides the VirtualClock's absolute-time scheduling, so the
@@ -163,74 +162,6 @@ func TestQueueHugeDurationsDoNotOverflow(t *testing.T) {
 	}
 }
 
-// WaitHistory on a name that is deleted and created again goes on with the
-// new destination's history instead of waiting on the dead one forever.
-func TestWaitHistoryFollowsRecreatedDestination(t *testing.T) {
-	t.Parallel()
-	tb := setup(t)
-	tb.publish(t, "q", msg("old", ""))
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	first := make(chan struct{})
-	var once atomic.Bool
-	done := make(chan error, 1)
-	go func() {
-		done <- tb.b.WaitHistory(ctx, "q", func(evs []memory.Event) bool {
-			if once.CompareAndSwap(false, true) {
-				close(first) // the waiter registers under the same lock
-			}
-			for _, e := range evs {
-				if e.Kind == memory.EventPublished && e.ID == "new" {
-					return true
-				}
-			}
-			return false
-		})
-	}()
-	<-first
-	tb.b.Delete("q")
-	if err := tb.b.CreateQueue("q", memory.QueueConfig{}); err != nil {
-		t.Fatal(err)
-	}
-	tb.publish(t, "q", msg("new", ""))
-	if err := <-done; err != nil {
-		t.Fatalf("WaitHistory = %v; it kept waiting on the deleted queue", err)
-	}
-}
-
-// When retention dropped records a group had not read and nothing of the
-// group is in progress, the committed offset jumps to the oldest retained
-// record: that move is a commit like any other and is recorded as one
-// (memorytest.WaitForCommitted waits on it).
-func TestLogRetentionSkipRecordsCommit(t *testing.T) {
-	t.Parallel()
-	tb := setup(t)
-	if err := tb.b.CreateTopic("ev", memory.TopicConfig{Retention: 3}); err != nil {
-		t.Fatal(err)
-	}
-	src := tb.member(t, "ev", "g") // the group starts at offset 0
-	for i := range 10 {
-		tb.publish(t, "ev", msg(string(rune('a'+i)), ""))
-	}
-	if m := recvOne(t, src); m.Offset != 7 {
-		t.Fatalf("first record after retention at offset %d, want 7", m.Offset)
-	}
-	memorytest.RequireCommitted(t, tb.b, "ev", "g", 0, 7)
-	evs, err := tb.b.History("ev")
-	if err != nil {
-		t.Fatal(err)
-	}
-	found := false
-	for _, e := range evs {
-		if e.Kind == memory.EventCommitted && e.Group == "g" && e.Partition == 0 && e.Offset == 7 {
-			found = true
-		}
-	}
-	if !found {
-		t.Fatal("the committed offset moved to 7 without a committed event")
-	}
-}
-
 // Receive leases a message from the time it takes it, not from a clock
 // reading made before it took the queue's lock: a message published after
 // the clock moved on (here by a whole lease) must not be handed out with a
@@ -311,69 +242,4 @@ func TestQueueExpiredEventAtLeaseDeadline(t *testing.T) {
 	if !found {
 		t.Fatalf("no expired event in %v", evs)
 	}
-}
-
-// A dead letter written while the delivery stopped being settleable (the
-// lease ran out; the partition was reset) stays, the message is not
-// settled, DeadLetter fails with ErrReceiptInvalid and the message is
-// delivered again, as QueueSource.DeadLetter and GroupSource.DeadLetter
-// document. The dead-letter queue's publish hook moves things along
-// mid-write (a Match that fires nothing).
-func TestDeadLetterInvalidatedDuringWrite(t *testing.T) {
-	t.Parallel()
-	duringWrite := func(t *testing.T, tb *testBundle, dlqName string, f func()) {
-		t.Helper()
-		if err := tb.b.CreateQueue(dlqName, memory.QueueConfig{}); err != nil {
-			t.Fatal(err)
-		}
-		var once atomic.Bool
-		memorytest.Inject(t, tb.b, dlqName, memory.Fault{Kind: memory.FaultFailPublish, Match: func(*ackwise.Message) bool {
-			if !once.Swap(true) {
-				f()
-			}
-			return false
-		}})
-	}
-	check := func(t *testing.T, tb *testBundle, src adapters.Source, m *ackwise.Message, dlqName string) {
-		t.Helper()
-		err := src.DeadLetter(tb.ctx, m, dlq.Envelope{Reason: dlq.ReasonPermanent, Error: "bad"})
-		if !errors.Is(err, adapters.ErrReceiptInvalid) {
-			t.Fatalf("DeadLetter = %v, want ErrReceiptInvalid", err)
-		}
-		dls, err := tb.b.Messages(dlqName)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(dls) != 1 || dls[0].ID != m.ID {
-			t.Fatalf("dead letters = %q, want [%s]: the dead letter written before the failure stays", ids(dls), m.ID)
-		}
-		again := recvOne(t, src)
-		if again.ID != m.ID || again.Attempt != 2 {
-			t.Fatalf("redelivery = %s attempt %d, want %s attempt 2", again.ID, again.Attempt, m.ID)
-		}
-		memorytest.RequireNotDeadLettered(t, tb.b, m.Source, m.ID)
-	}
-	t.Run("queue lease ran out", func(t *testing.T) {
-		t.Parallel()
-		tb := setup(t)
-		src := tb.queue(t, "q", memory.QueueConfig{Lease: 10 * time.Second})
-		duringWrite(t, tb, "q.dlq", func() { tb.clk.Advance(10 * time.Second) })
-		tb.publish(t, "q", msg("a", ""))
-		check(t, tb, src, recvOne(t, src), "q.dlq")
-	})
-	t.Run("log partition reset", func(t *testing.T) {
-		t.Parallel()
-		tb := setup(t)
-		if err := tb.b.CreateTopic("t", memory.TopicConfig{}); err != nil {
-			t.Fatal(err)
-		}
-		src := tb.member(t, "t", "g")
-		duringWrite(t, tb, "t.dlq", func() {
-			if err := tb.b.SeekGroup("t", "g", 0, memory.OffsetEarliest); err != nil {
-				t.Error(err)
-			}
-		})
-		tb.publish(t, "t", msg("a", "k"))
-		check(t, tb, src, recvOne(t, src), "t.dlq")
-	})
 }

@@ -2,16 +2,12 @@ package producer_test
 
 import (
 	"context"
-	"errors"
 	"testing"
-	"time"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/ackwise/ackwise"
-	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/producer"
-	"github.com/ackwise/ackwise/retry"
 )
 
 // TestHeaderEventIDKept: a caller that carries the event ID in the
@@ -59,21 +55,5 @@ func TestCallerTraceparentKept(t *testing.T) {
 	}
 	if fwd.Headers.Has(ackwise.HeaderTraceparent) {
 		t.Fatalf("a second traceparent added beside the forwarded Traceparent: %v", fwd.Headers)
-	}
-}
-
-// TestLastErrorKeptOnCancel: when ctx ends while Publish waits for the next
-// attempt, the error still wraps the broker's (before, only ctx's).
-func TestLastErrorKeptOnCancel(t *testing.T) {
-	b, sink := setup(t)
-	if _, err := b.InjectFault("orders", memory.Fault{Kind: memory.FaultFailPublish}); err != nil {
-		t.Fatal(err)
-	}
-	p, _ := producer.New(sink, producer.Config{Retry: retry.Policy{InitialInterval: time.Second, Jitter: retry.NoJitter}})
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	err := p.Publish(ctx, &ackwise.Message{ID: "e1"})
-	if !errors.Is(err, memory.ErrInjected) {
-		t.Fatalf("Publish = %v, want it to wrap the broker's error", err)
 	}
 }
