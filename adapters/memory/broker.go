@@ -236,18 +236,9 @@ func (b *Broker) CreateTopic(name string, cfg TopicConfig) error {
 // queue returns the queue name, creating it with cfg (nil: the broker's
 // default) when missing. An existing queue must match a non-nil cfg.
 func (b *Broker) queue(name string, cfg *QueueConfig) (*queue, error) {
-	if err := validName(name); err != nil {
+	want, err := wanted(name, cfg, "QueueConfig", "a queue cannot be its own dead-letter queue", func(c QueueConfig) string { return c.DeadLetter })
+	if err != nil {
 		return nil, err
-	}
-	var want QueueConfig
-	if cfg != nil {
-		if err := cfg.validate("QueueConfig."); err != nil {
-			return nil, err
-		}
-		want = cfg.withDefaults(name)
-		if want.DeadLetter == name {
-			return nil, fmt.Errorf("memory: QueueConfig.DeadLetter = %q: a queue cannot be its own dead-letter queue", name)
-		}
 	}
 	return lookupOrCreate(b, name, "queue", cfg != nil, want,
 		func(q *queue) QueueConfig { return q.cfg },
@@ -266,23 +257,39 @@ func (b *Broker) queue(name string, cfg *QueueConfig) (*queue, error) {
 }
 
 func (b *Broker) topic(name string, cfg *TopicConfig) (*topic, error) {
-	if err := validName(name); err != nil {
+	want, err := wanted(name, cfg, "TopicConfig", "a topic cannot be its own dead-letter destination", func(c TopicConfig) string { return c.DeadLetter })
+	if err != nil {
 		return nil, err
-	}
-	var want TopicConfig
-	if cfg != nil {
-		if err := cfg.validate("TopicConfig."); err != nil {
-			return nil, err
-		}
-		want = cfg.withDefaults(name)
-		if want.DeadLetter == name {
-			return nil, fmt.Errorf("memory: TopicConfig.DeadLetter = %q: a topic cannot be its own dead-letter destination", name)
-		}
 	}
 	return lookupOrCreate(b, name, "topic", cfg != nil, want,
 		func(t *topic) TopicConfig { return t.cfg },
 		func() TopicConfig { return b.tdef.withDefaults(name) },
 		func(c TopicConfig) *topic { return newTopic(b, name, c) })
+}
+
+// wanted checks name and, when cfg is not nil (a configuration asked for),
+// validates it (typ names it in errors) and returns it with its defaults;
+// a destination whose dead-letter destination (dlqOf) is itself is
+// refused with the reason self. For a nil cfg it returns the zero C.
+func wanted[C interface {
+	validate(prefix string) error
+	withDefaults(name string) C
+}](name string, cfg *C, typ, self string, dlqOf func(C) string) (C, error) {
+	var want C
+	if err := validName(name); err != nil {
+		return want, err
+	}
+	if cfg == nil {
+		return want, nil
+	}
+	if err := (*cfg).validate(typ + "."); err != nil {
+		return want, err
+	}
+	want = (*cfg).withDefaults(name)
+	if dlqOf(want) == name {
+		return want, fmt.Errorf("memory: %s.DeadLetter = %q: %s", typ, name, self)
+	}
+	return want, nil
 }
 
 // lookupOrCreate returns the destination name, which must be a D (kind
@@ -583,6 +590,25 @@ func (b *Broker) publishInto(ctx context.Context, d destination, msgs []*ackwise
 	d.wakeLocked()
 	base.mu.Unlock()
 	return -1, nil
+}
+
+// stored returns the copy of m that d stores, at partition and offset
+// (-1 where d has none) under brokerID: its event ID, key, payload and
+// headers (the event ID header set to the ID), the payload copied into d's
+// arena. Caller holds d.mu.
+func (d *dest) stored(m *ackwise.Message, partition int32, offset int64, brokerID string, now time.Time) ackwise.Message {
+	id := m.EventID()
+	return ackwise.Message{
+		ID:          id,
+		Key:         m.Key,
+		Payload:     d.arena.copyBytes(m.Payload),
+		Headers:     copyHeaders(m.Headers, id),
+		Source:      d.name,
+		Partition:   partition,
+		Offset:      offset,
+		BrokerID:    brokerID,
+		PublishedAt: now,
+	}
 }
 
 // copyHeaders returns a copy of h with the event ID header set to id when id

@@ -79,11 +79,14 @@ const (
 var faultNames = [...]string{"", "crash-before-ack", "crash-before-settle", "lose-ack", "fail-ack", "duplicate", "reorder", "fail-publish", "hang-publish"}
 
 // String returns the fault's name as the history and logs show it.
-func (k FaultKind) String() string {
-	if k > 0 && int(k) < len(faultNames) {
-		return faultNames[k]
+func (k FaultKind) String() string { return nameOf(faultNames[:], int(k), "fault") }
+
+// nameOf returns names[k], or what(k) for a k that has no name.
+func nameOf(names []string, k int, what string) string {
+	if k > 0 && k < len(names) {
+		return names[k]
 	}
-	return fmt.Sprintf("fault(%d)", int(k))
+	return fmt.Sprintf("%s(%d)", what, k)
 }
 
 // Fault describes an injected fault. Faults are deterministic: which call a
@@ -197,4 +200,36 @@ func newFault(f Fault, mu *sync.Mutex, list *[]*InjectedFault) *InjectedFault {
 	x := &InjectedFault{f: f, mu: mu, list: list}
 	*list = append(*list, x)
 	return x
+}
+
+// fireBatch fires the first reorder fault matching a message of batch.
+func fireBatch(batch []*ackwise.Message, lists [2][]*InjectedFault) *InjectedFault {
+	for _, l := range lists {
+		for _, x := range l {
+			if x.f.Kind != FaultReorder || (x.f.Count > 0 && x.fired >= x.f.Count) {
+				continue
+			}
+			m := batch[0]
+			if x.f.Match != nil {
+				m = nil
+				for _, b := range batch {
+					if x.f.Match(b) {
+						m = b
+						break
+					}
+				}
+				if m == nil {
+					continue
+				}
+			}
+			f := x.f.Match
+			x.f.Match = nil
+			ok := x.tryFire(m)
+			x.f.Match = f
+			if ok {
+				return x
+			}
+		}
+	}
+	return nil
 }

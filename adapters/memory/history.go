@@ -48,12 +48,7 @@ const (
 var eventKindNames = [...]string{"", "published", "delivered", "acked", "nacked", "dead-lettered", "released", "expired", "committed", "rebalanced", "crashed", "fault"}
 
 // String returns the kind's name ("acked", "dead-lettered", …).
-func (k EventKind) String() string {
-	if k > 0 && int(k) < len(eventKindNames) {
-		return eventKindNames[k]
-	}
-	return fmt.Sprintf("event(%d)", int(k))
-}
+func (k EventKind) String() string { return nameOf(eventKindNames[:], int(k), "event") }
 
 // Event is one entry of a queue's or topic's history, recorded under the
 // destination's lock in the order things happened.
@@ -120,4 +115,11 @@ func (e Event) String() string {
 		s += " fault=" + e.Fault.String()
 	}
 	return s
+}
+
+// deadLettered returns ev with what a dead-lettering event adds: the
+// reason, a copy of the envelope and the dead-letter destination.
+func deadLettered(ev Event, env dlq.Envelope, to string) Event {
+	ev.Reason, ev.Envelope, ev.To = env.Reason, &env, to
+	return ev
 }

@@ -157,21 +157,10 @@ func (t *topic) storeLocked(m *ackwise.Message, now time.Time) {
 	p := t.partitionFor(m.Key)
 	off := p.end
 	sl := p.appendSlot(t.cfg.Retention)
-	id := m.EventID()
-	sl.first.Message = ackwise.Message{
-		ID:          id,
-		Key:         m.Key,
-		Payload:     t.arena.copyBytes(m.Payload),
-		Headers:     copyHeaders(m.Headers, id),
-		Source:      t.name,
-		Partition:   p.id,
-		Offset:      off,
-		BrokerID:    t.arena.id(t.name, '/', int64(p.id), '@', off),
-		PublishedAt: now,
-	}
+	sl.first.Message = t.stored(m, p.id, off, t.arena.id(t.name, '/', int64(p.id), '@', off), now)
 	t.published++
 	if t.b.history {
-		t.record(Event{Kind: EventPublished, ID: id, Key: m.Key, BrokerID: sl.first.BrokerID, Partition: p.id, Offset: off}, now)
+		t.record(Event{Kind: EventPublished, ID: sl.first.ID, Key: m.Key, BrokerID: sl.first.BrokerID, Partition: p.id, Offset: off}, now)
 	}
 }
 
@@ -370,11 +359,10 @@ type GroupSource struct {
 	g *group
 
 	// Guarded by t.mu.
-	owned  []*groupPart
-	next   int
-	faults []*InjectedFault
-	left   bool
-	dels   slab[logDelivery]
+	owned []*groupPart
+	next  int
+	left  bool
+	dels  slab[logDelivery]
 }
 
 var (
@@ -404,7 +392,7 @@ func (b *Broker) JoinGroup(topicName, groupName string) (*GroupSource, error) {
 	}
 	g := t.groupLocked(groupName)
 	s := &GroupSource{t: t, g: g}
-	s.init(b.newSourceID(topicName + "/" + groupName))
+	s.init(b.newSourceID(topicName+"/"+groupName), &t.dest, g.name, s.leaveLocked)
 	g.members = append(g.members, s)
 	t.rebalanceLocked(g, now)
 	return s, nil
@@ -516,29 +504,13 @@ func (s *GroupSource) Assigned() []int32 {
 }
 
 // InjectFault puts a settle or receive fault in force on this member only.
-func (s *GroupSource) InjectFault(f Fault) (*InjectedFault, error) {
-	return inject(f, true, &s.t.mu, &s.faults)
-}
+func (s *GroupSource) InjectFault(f Fault) (*InjectedFault, error) { return s.inject(f) }
 
 // Crash makes the member fail as a consumer killed with SIGKILL would: every
 // later call returns ErrCrashed, it leaves its group, and the records it had
 // not settled are re-read from the committed offset by the members that get
 // its partitions.
-func (s *GroupSource) Crash() {
-	now := s.t.b.clock.Now()
-	s.t.mu.Lock()
-	s.crashLocked(now, 0)
-	s.t.unlock()
-}
-
-func (s *GroupSource) crashLocked(now time.Time, k FaultKind) {
-	if s.crashed.Swap(true) {
-		return
-	}
-	s.t.record(Event{Kind: EventCrashed, Consumer: s.id, Group: s.g.name, Partition: -1, Offset: -1, Fault: k}, now)
-	s.t.b.log.Debug("memory: source crashed", "source", s.id, "fault", k.String())
-	s.leaveLocked(now)
-}
+func (s *GroupSource) Crash() { s.crash() }
 
 func (s *GroupSource) leaveLocked(now time.Time) {
 	if s.left {
@@ -566,33 +538,8 @@ func (s *GroupSource) unwaitLocked() { s.unwait(&s.t.waiters) }
 func (s *GroupSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
 	t := s.t
 	for {
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-		if err := s.stateErr(); err != nil {
-			return 0, err
-		}
-		if len(buf) == 0 {
-			return 0, nil
-		}
-		nowT := t.b.clock.Now()
-		if err := t.unavailable(nowT); err != nil {
-			return 0, err
-		}
-		t.mu.Lock()
-		if t.deleted {
-			t.mu.Unlock()
-			return 0, adapters.ErrClosed
-		}
-		if err := s.stateErr(); err != nil {
-			t.mu.Unlock()
-			return 0, err
-		}
-		// Likewise an outage: Outage wakes only the receivers already
-		// waiting, so one starting since the check above must be seen
-		// here, or this receiver would wait instead of failing at once.
-		if err := t.unavailable(nowT); err != nil {
-			t.mu.Unlock()
+		nowT, ok, err := s.lockReceive(ctx, len(buf) == 0)
+		if !ok {
 			return 0, err
 		}
 		n := 0
@@ -603,27 +550,15 @@ func (s *GroupSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			n = s.fetchLocked(gp, buf, n, faults, nowT)
 		}
 		s.next++
-		if n > 1 && faults {
-			if x := fireBatch(buf[:n], [2][]*InjectedFault{s.faults, t.faults}); x != nil {
-				s.recordFault(x, buf[0], nowT)
-				for i, j := 0, n-1; i < j; i, j = i+1, j-1 {
-					buf[i], buf[j] = buf[j], buf[i]
-				}
-			}
+		if faults {
+			s.reorderLocked(buf[:n], nowT)
 		}
 		if n > 0 {
 			t.mu.Unlock()
 			return n, nil
 		}
-		s.waitOn(&t.waiters)
-		t.mu.Unlock()
-		select {
-		case <-s.wake:
-		case <-ctx.Done():
-			t.mu.Lock()
-			s.unwaitLocked()
-			t.mu.Unlock()
-			return 0, ctx.Err()
+		if err := s.waitUnlock(ctx, &t.waiters); err != nil {
+			return 0, err
 		}
 	}
 }
@@ -735,24 +670,14 @@ func (s *GroupSource) deliverLocked(gp *groupPart, off int64, buf []*ackwise.Mes
 }
 
 func (s *GroupSource) recordDelivery(d *logDelivery, now time.Time) {
-	s.t.record(Event{Kind: EventDelivered, Consumer: s.id, Group: s.g.name, ID: d.ID, Key: d.Key, BrokerID: d.BrokerID, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt}, now)
-}
-
-func (s *GroupSource) recordFault(x *InjectedFault, m *ackwise.Message, now time.Time) {
-	s.t.record(Event{Kind: EventFault, Consumer: s.id, Group: s.g.name, ID: m.ID, Key: m.Key, BrokerID: m.BrokerID, Partition: m.Partition, Offset: m.Offset, Attempt: m.Attempt, Fault: x.f.Kind}, now)
-	s.t.b.log.Debug("memory: fault fired", "source", s.id, "fault", x.f.Kind.String(), "id", m.ID)
+	s.t.record(d.event(EventDelivered), now)
 }
 
 func (s *GroupSource) handle(msg *ackwise.Message) (*logDelivery, error) {
-	if msg == nil {
-		return nil, fmt.Errorf("memory: nil message: %w", adapters.ErrReceiptInvalid)
-	}
-	d, ok := msg.Handle.(*logDelivery)
-	if !ok || d.src != s {
-		return nil, fmt.Errorf("memory: message %q was not delivered by source %s: %w", msg.ID, s.id, adapters.ErrReceiptInvalid)
-	}
-	return d, nil
+	return handleOf[*logDelivery](&s.source, msg)
 }
+
+func (d *logDelivery) owner() *source { return &d.src.source }
 
 // begin does what every settle call starts with, as QueueSource.begin
 // does: the delivery, ctx, the source's state, an outage, the settle faults
@@ -763,10 +688,7 @@ func (s *GroupSource) begin(ctx context.Context, msg *ackwise.Message, kinds ...
 	if d, err = s.handle(msg); err != nil {
 		return nil, now, err
 	}
-	if err = ctx.Err(); err != nil {
-		return nil, now, err
-	}
-	if err = s.stateErr(); err != nil {
+	if err = s.live(ctx); err != nil {
 		return nil, now, err
 	}
 	// A log has no leases: the clock is only needed for outages and the
@@ -777,21 +699,19 @@ func (s *GroupSource) begin(ctx context.Context, msg *ackwise.Message, kinds ...
 			return nil, now, err
 		}
 	}
-	s.t.mu.Lock()
-	if err = s.stateErr(); err != nil {
-		s.t.mu.Unlock()
+	if done, err := s.lockSettle(msg, now, kinds...); done {
 		return nil, now, err
-	}
-	if len(kinds) > 0 {
-		if done, err := s.settleFaultLocked(msg, now, kinds...); done {
-			return nil, now, err
-		}
 	}
 	if !d.currentLocked() {
 		s.t.mu.Unlock()
 		return nil, now, s.invalid(d)
 	}
 	return d, now, nil
+}
+
+// event returns the history event of kind k about d, naming its member.
+func (d *logDelivery) event(k EventKind) Event {
+	return Event{Kind: k, Consumer: d.src.id, Group: d.src.group, ID: d.ID, Key: d.Key, BrokerID: d.BrokerID, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt}
 }
 
 func (d *logDelivery) currentLocked() bool {
@@ -813,22 +733,6 @@ func (s *GroupSource) settledTwice(d *logDelivery) error {
 
 func (s *GroupSource) invalid(d *logDelivery) error {
 	return fmt.Errorf("memory: %s on %s: partition revoked or reset: %w", d.BrokerID, s.id, adapters.ErrReceiptInvalid)
-}
-
-func (s *GroupSource) settleFaultLocked(msg *ackwise.Message, now time.Time, kinds ...FaultKind) (done bool, err error) {
-	t := s.t
-	if len(t.faults) == 0 && len(s.faults) == 0 {
-		return false, nil
-	}
-	x := fire(msg, [2][]*InjectedFault{s.faults, t.faults}, kinds...)
-	if x == nil {
-		return false, nil
-	}
-	err = s.settleFault(x, msg,
-		func(k FaultKind) { s.crashLocked(now, k) },
-		func() { s.recordFault(x, msg, now) })
-	t.unlock() // a crash voided the member's deliveries
-	return true, err
 }
 
 // settleLocked marks d's record settled and commits the settled prefix. It
@@ -860,7 +764,7 @@ func (s *GroupSource) Ack(ctx context.Context, msg *ackwise.Message) error {
 		return err
 	}
 	if t.b.history {
-		t.record(Event{Kind: EventAcked, Consumer: s.id, Group: s.g.name, ID: d.ID, Key: d.Key, BrokerID: d.BrokerID, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt}, now)
+		t.record(d.event(EventAcked), now)
 	}
 	if s.settleLocked(d, now) {
 		t.acked++
@@ -914,8 +818,7 @@ func (s *GroupSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 		return err
 	}
 	if t.b.history {
-		e := env
-		t.record(Event{Kind: EventDeadLettered, Consumer: s.id, Group: s.g.name, ID: d.ID, Key: d.Key, BrokerID: d.BrokerID, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt, Reason: env.Reason, Envelope: &e, To: t.cfg.DeadLetter}, now)
+		t.record(deadLettered(d.event(EventDeadLettered), env, t.cfg.DeadLetter), now)
 	}
 	if s.settleLocked(d, now) {
 		t.deadLettered++
@@ -948,7 +851,7 @@ func (s *GroupSource) Release(ctx context.Context, msg *ackwise.Message) error {
 		gp.redeliver[i] = d.Offset
 	}
 	if t.b.history {
-		t.record(Event{Kind: EventReleased, Consumer: s.id, Group: s.g.name, ID: d.ID, Key: d.Key, BrokerID: d.BrokerID, Partition: d.Partition, Offset: d.Offset, Attempt: d.Attempt}, now)
+		t.record(d.event(EventReleased), now)
 	}
 	t.wakeLocked()
 	return nil

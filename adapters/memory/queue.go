@@ -153,19 +153,8 @@ func (q *queue) kind() string { return "queue" }
 func (q *queue) storeLocked(m *ackwise.Message, now time.Time) {
 	rec := q.recs.alloc()
 	q.seq++
-	id := m.EventID()
 	rec.first.rec = rec
-	rec.first.Message = ackwise.Message{
-		ID:          id,
-		Key:         m.Key,
-		Payload:     q.arena.copyBytes(m.Payload),
-		Headers:     copyHeaders(m.Headers, id),
-		Source:      q.name,
-		Partition:   -1,
-		Offset:      -1,
-		BrokerID:    q.arena.id(q.name, '/', int64(q.seq), 0, -1),
-		PublishedAt: now,
-	}
+	rec.first.Message = q.stored(m, -1, -1, q.arena.id(q.name, '/', int64(q.seq), 0, -1), now)
 	rec.seq = q.seq
 	rec.heapIdx = -1
 	rec.firstFailure = time.Time{}
@@ -194,7 +183,7 @@ func (q *queue) storeLocked(m *ackwise.Message, now time.Time) {
 		q.ready.push(rec)
 	}
 	if q.b.history {
-		q.record(Event{Kind: EventPublished, ID: id, Key: m.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1}, now)
+		q.record(Event{Kind: EventPublished, ID: rec.first.ID, Key: m.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1}, now)
 	}
 }
 
@@ -286,6 +275,13 @@ func (q *queue) settleLocked(rec *record) {
 		}
 		rec.group = nil
 	}
+}
+
+// unleaseLocked takes rec, in flight, off its lease and ends its current
+// delivery, for Nack and Release to put it back.
+func (q *queue) unleaseLocked(rec *record) {
+	q.inflight.remove(rec)
+	q.voidGenLocked(rec)
 }
 
 // voidGenLocked ends rec's current delivery, settled by one of its
@@ -502,8 +498,7 @@ type QueueSource struct {
 	q *queue
 
 	// Guarded by q.mu.
-	faults []*InjectedFault
-	dups   []*delivery
+	dups []*delivery
 }
 
 var (
@@ -520,7 +515,10 @@ func (b *Broker) QueueSource(name string) (*QueueSource, error) {
 		return nil, err
 	}
 	s := &QueueSource{q: q}
-	s.init(b.newSourceID(name))
+	s.init(b.newSourceID(name), &q.dest, "", func(time.Time) {
+		q.voidLocked(&s.source)
+		s.signal()
+	})
 	q.mu.Lock()
 	q.sources[s] = struct{}{}
 	q.mu.Unlock()
@@ -541,29 +539,12 @@ func (s *QueueSource) Backlog(ctx context.Context) (int, error) {
 }
 
 // InjectFault puts a settle or receive fault in force on this source only.
-func (s *QueueSource) InjectFault(f Fault) (*InjectedFault, error) {
-	return inject(f, true, &s.q.mu, &s.faults)
-}
+func (s *QueueSource) InjectFault(f Fault) (*InjectedFault, error) { return s.inject(f) }
 
 // Crash makes the source fail as a consumer killed with SIGKILL would: every
 // later call returns ErrCrashed, and its unsettled messages come back when
 // their leases run out.
-func (s *QueueSource) Crash() {
-	now := s.q.b.clock.Now()
-	s.q.mu.Lock()
-	s.crashLocked(now, 0)
-	s.q.unlock()
-}
-
-func (s *QueueSource) crashLocked(now time.Time, k FaultKind) {
-	if s.crashed.Swap(true) {
-		return
-	}
-	s.q.record(Event{Kind: EventCrashed, Consumer: s.id, Partition: -1, Offset: -1, Fault: k}, now)
-	s.q.b.log.Debug("memory: source crashed", "source", s.id, "fault", k.String())
-	s.q.voidLocked(&s.source)
-	s.signal()
-}
+func (s *QueueSource) Crash() { s.crash() }
 
 // Receive blocks until at least one message is visible, then fills buf with
 // up to len(buf) of them, each leased for the queue's Lease. It returns
@@ -574,49 +555,14 @@ func (s *QueueSource) crashLocked(now time.Time, k FaultKind) {
 func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
 	q := s.q
 	for {
-		if err := ctx.Err(); err != nil {
+		nowT, ok, err := s.lockReceive(ctx, len(buf) == 0)
+		if !ok {
 			return 0, err
 		}
-		if err := s.stateErr(); err != nil {
-			return 0, err
-		}
-		if len(buf) == 0 {
-			return 0, nil
-		}
-		if err := q.unavailable(q.b.clock.Now()); err != nil {
-			return 0, err
-		}
-		q.mu.Lock()
-		// The time is read under the lock: a reading made before it may be
-		// stale by then (the clock moved on, a message was published since),
-		// and a lease started from it would end early, or already have ended.
-		nowT := q.b.clock.Now()
 		now := nowT.UnixNano()
 		q.seenNow.Store(now)
-		if q.deleted {
-			q.mu.Unlock()
-			return 0, adapters.ErrClosed
-		}
-		// Close or Crash may have run since the check above: a closed or
-		// crashed source must not lease messages it will never settle.
-		if err := s.stateErr(); err != nil {
-			q.mu.Unlock()
-			return 0, err
-		}
-		// Likewise an outage: Outage wakes only the receivers already
-		// waiting, so one starting since the check above must be seen
-		// here, or this receiver would wait instead of failing at once.
-		if err := q.unavailable(nowT); err != nil {
-			q.mu.Unlock()
-			return 0, err
-		}
 		q.advanceLocked(now)
-		n := 0
-		for n < len(buf) && len(s.dups) > 0 {
-			buf[n] = &s.dups[0].Message
-			s.dups = s.dups[1:]
-			n++
-		}
+		n := s.heldDuplicates(buf)
 		faults := len(q.faults) > 0 || len(s.faults) > 0
 		for n < len(buf) {
 			rec := q.takeLocked()
@@ -627,29 +573,11 @@ func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			buf[n] = &d.Message
 			n++
 			if faults {
-				if x := fire(&d.Message, [2][]*InjectedFault{s.faults, q.faults}, FaultDuplicate); x != nil {
-					d2 := q.dels.alloc()
-					*d2 = *d
-					d2.Handle = d2
-					rec.twin = s
-					q.recordFault(x, &d.Message, s, nowT)
-					q.recordDelivery(d2, s, nowT)
-					if n < len(buf) {
-						buf[n] = &d2.Message
-						n++
-					} else {
-						s.dups = append(s.dups, d2)
-					}
-				}
+				n = s.duplicateLocked(d, buf, n, nowT)
 			}
 		}
-		if n > 1 && faults {
-			if x := fireBatch(buf[:n], [2][]*InjectedFault{s.faults, q.faults}); x != nil {
-				q.recordFault(x, buf[0], s, nowT)
-				for i, j := 0, n-1; i < j; i, j = i+1, j-1 {
-					buf[i], buf[j] = buf[j], buf[i]
-				}
-			}
+		if faults {
+			s.reorderLocked(buf[:n], nowT)
 		}
 		rd := q.takeRedriveLocked()
 		if n > 0 {
@@ -665,51 +593,50 @@ func (s *QueueSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 			continue
 		}
 		q.armLocked(nowT)
-		s.waitOn(&q.waiters)
-		q.mu.Unlock()
-		select {
-		case <-s.wake:
-		case <-ctx.Done():
-			q.mu.Lock()
-			s.unwaitLocked()
-			q.mu.Unlock()
-			return 0, ctx.Err()
+		if err := s.waitUnlock(ctx, &q.waiters); err != nil {
+			return 0, err
 		}
 	}
 }
 
 func (s *QueueSource) unwaitLocked() { s.unwait(&s.q.waiters) }
 
-// fireBatch fires the first reorder fault matching a message of batch.
-func fireBatch(batch []*ackwise.Message, lists [2][]*InjectedFault) *InjectedFault {
-	for _, l := range lists {
-		for _, x := range l {
-			if x.f.Kind != FaultReorder || (x.f.Count > 0 && x.fired >= x.f.Count) {
-				continue
-			}
-			m := batch[0]
-			if x.f.Match != nil {
-				m = nil
-				for _, b := range batch {
-					if x.f.Match(b) {
-						m = b
-						break
-					}
-				}
-				if m == nil {
-					continue
-				}
-			}
-			f := x.f.Match
-			x.f.Match = nil
-			ok := x.tryFire(m)
-			x.f.Match = f
-			if ok {
-				return x
-			}
-		}
+// heldDuplicates puts the duplicates FaultDuplicate made that did not fit
+// in an earlier batch at the start of buf, as many as fit, and returns how
+// many (they are handed out even if the fault was removed since). Caller
+// holds q.mu.
+func (s *QueueSource) heldDuplicates(buf []*ackwise.Message) int {
+	n := 0
+	for n < len(buf) && len(s.dups) > 0 {
+		buf[n] = &s.dups[0].Message
+		s.dups = s.dups[1:]
+		n++
 	}
-	return nil
+	return n
+}
+
+// duplicateLocked applies a duplicate fault (FaultDuplicate) to d, just
+// delivered into buf[n-1]: when one fires, a second delivery of the same
+// attempt goes into buf[n], or is held for the next Receive when buf is
+// full. It returns the new n. Caller holds q.mu.
+func (s *QueueSource) duplicateLocked(d *delivery, buf []*ackwise.Message, n int, now time.Time) int {
+	q := s.q
+	x := fire(&d.Message, [2][]*InjectedFault{s.faults, q.faults}, FaultDuplicate)
+	if x == nil {
+		return n
+	}
+	d2 := q.dels.alloc()
+	*d2 = *d
+	d2.Handle = d2
+	d.rec.twin = s
+	s.recordFault(x, &d.Message, now)
+	q.recordDelivery(d2, s, now)
+	if n < len(buf) {
+		buf[n] = &d2.Message
+		return n + 1
+	}
+	s.dups = append(s.dups, d2)
+	return n
 }
 
 func (q *queue) deliverLocked(rec *record, s *QueueSource, now int64) *delivery {
@@ -742,25 +669,15 @@ func (q *queue) deliverLocked(rec *record, s *QueueSource, now int64) *delivery 
 }
 
 func (q *queue) recordDelivery(d *delivery, s *QueueSource, now time.Time) {
-	q.record(Event{Kind: EventDelivered, Consumer: s.id, ID: d.ID, Key: d.Key, BrokerID: d.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt}, now)
-}
-
-func (q *queue) recordFault(x *InjectedFault, m *ackwise.Message, s *QueueSource, now time.Time) {
-	q.record(Event{Kind: EventFault, Consumer: s.id, ID: m.ID, Key: m.Key, BrokerID: m.BrokerID, Partition: -1, Offset: -1, Attempt: m.Attempt, Fault: x.f.Kind}, now)
-	q.b.log.Debug("memory: fault fired", "source", s.id, "fault", x.f.Kind.String(), "id", m.ID)
+	q.record(d.event(EventDelivered), now)
 }
 
 // handle returns msg's delivery if this source delivered it.
 func (s *QueueSource) handle(msg *ackwise.Message) (*delivery, error) {
-	if msg == nil {
-		return nil, fmt.Errorf("memory: nil message: %w", adapters.ErrReceiptInvalid)
-	}
-	d, ok := msg.Handle.(*delivery)
-	if !ok || d.src != s {
-		return nil, fmt.Errorf("memory: message %q was not delivered by source %s: %w", msg.ID, s.id, adapters.ErrReceiptInvalid)
-	}
-	return d, nil
+	return handleOf[*delivery](&s.source, msg)
 }
+
+func (d *delivery) owner() *source { return &d.src.source }
 
 // begin does what every settle call starts with: it checks that msg is
 // this source's delivery, ctx is live, the source is neither closed nor
@@ -779,10 +696,7 @@ func (s *QueueSource) beginAt(ctx context.Context, msg *ackwise.Message, seen bo
 	if d, err = s.handle(msg); err != nil {
 		return nil, now, err
 	}
-	if err = ctx.Err(); err != nil {
-		return nil, now, err
-	}
-	if err = s.stateErr(); err != nil {
+	if err = s.live(ctx); err != nil {
 		return nil, now, err
 	}
 	q := s.q
@@ -794,21 +708,20 @@ func (s *QueueSource) beginAt(ctx context.Context, msg *ackwise.Message, seen bo
 			return nil, now, err
 		}
 	}
-	s.q.mu.Lock()
-	if err = s.stateErr(); err != nil {
-		s.q.mu.Unlock()
+	if done, err := s.lockSettle(msg, now, kinds...); done {
 		return nil, now, err
-	}
-	if len(kinds) > 0 {
-		if done, err := s.settleFaultLocked(msg, now, kinds...); done {
-			return nil, now, err
-		}
 	}
 	if !d.currentLocked(now) {
 		s.q.mu.Unlock()
 		return nil, now, s.invalid(d)
 	}
 	return d, now, nil
+}
+
+// event returns the history event of kind k about d, naming its source.
+func (d *delivery) event(k EventKind) Event {
+	f := &d.rec.first
+	return Event{Kind: k, Consumer: d.src.id, ID: f.ID, Key: f.Key, BrokerID: f.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt}
 }
 
 // currentLocked reports whether d is the live delivery of its record.
@@ -819,25 +732,6 @@ func (d *delivery) currentLocked(now time.Time) bool {
 
 func (s *QueueSource) invalid(d *delivery) error {
 	return fmt.Errorf("memory: %s (attempt %d) on %s: lease ran out or message settled: %w", d.BrokerID, d.attempt, s.id, adapters.ErrReceiptInvalid)
-}
-
-// settleFaultLocked applies settle faults of the given kinds; it returns
-// done=true with the call's result when one fired. Caller holds q.mu; it is
-// released when done.
-func (s *QueueSource) settleFaultLocked(msg *ackwise.Message, now time.Time, kinds ...FaultKind) (done bool, err error) {
-	q := s.q
-	if len(q.faults) == 0 && len(s.faults) == 0 {
-		return false, nil
-	}
-	x := fire(msg, [2][]*InjectedFault{s.faults, q.faults}, kinds...)
-	if x == nil {
-		return false, nil
-	}
-	err = s.settleFault(x, msg,
-		func(k FaultKind) { s.crashLocked(now, k) },
-		func() { q.recordFault(x, msg, s, now) })
-	q.unlock() // a crash voided the source's deliveries
-	return true, err
 }
 
 // Ack deletes msg from the queue. It fails with adapters.ErrReceiptInvalid
@@ -859,7 +753,7 @@ func (s *QueueSource) Ack(ctx context.Context, msg *ackwise.Message) error {
 	q := s.q
 	rec := d.rec
 	if q.b.history {
-		q.record(Event{Kind: EventAcked, Consumer: s.id, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt}, now)
+		q.record(d.event(EventAcked), now)
 	}
 	q.settleLocked(rec)
 	q.acked++
@@ -881,13 +775,14 @@ func (s *QueueSource) Nack(ctx context.Context, msg *ackwise.Message, delay time
 	}
 	q := s.q
 	rec := d.rec
-	q.inflight.remove(rec)
-	q.voidGenLocked(rec)
+	q.unleaseLocked(rec)
 	if rec.firstFailure.IsZero() {
 		rec.firstFailure = now
 	}
 	if q.b.history {
-		q.record(Event{Kind: EventNacked, Consumer: s.id, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt, Delay: max(delay, 0)}, now)
+		ev := d.event(EventNacked)
+		ev.Delay = max(delay, 0)
+		q.record(ev, now)
 	}
 	if delay > 0 {
 		rec.state = stDelayed
@@ -930,8 +825,7 @@ func (s *QueueSource) DeadLetter(ctx context.Context, msg *ackwise.Message, env 
 	}
 	rec := d.rec
 	if q.b.history {
-		e := env
-		q.record(Event{Kind: EventDeadLettered, Consumer: s.id, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt, Reason: env.Reason, Envelope: &e, To: q.cfg.DeadLetter}, now)
+		q.record(deadLettered(d.event(EventDeadLettered), env, q.cfg.DeadLetter), now)
 	}
 	q.settleLocked(rec)
 	q.deadLettered++
@@ -964,10 +858,9 @@ func (s *QueueSource) Release(ctx context.Context, msg *ackwise.Message) error {
 	}
 	q := s.q
 	rec := d.rec
-	q.inflight.remove(rec)
-	q.voidGenLocked(rec)
+	q.unleaseLocked(rec)
 	if q.b.history {
-		q.record(Event{Kind: EventReleased, Consumer: s.id, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: d.Attempt}, now)
+		q.record(d.event(EventReleased), now)
 	}
 	q.makeVisibleLocked(rec)
 	q.wakeUnlockRedrive()

@@ -170,9 +170,16 @@ func RequireNacked(t testing.TB, b *memory.Broker, dest, id string) []memory.Eve
 // RequireNotAcked fails the test if the message id was acked on dest.
 func RequireNotAcked(t testing.TB, b *memory.Broker, dest, id string) {
 	t.Helper()
+	requireNone(t, b, dest, id, memory.EventAcked)
+}
+
+// requireNone fails the test if dest's history has an event of kind about
+// the message id.
+func requireNone(t testing.TB, b *memory.Broker, dest, id string, kind memory.EventKind) {
+	t.Helper()
 	evs := history(t, b, dest)
-	if _, ok := find(evs, memory.EventAcked, id); ok {
-		t.Fatalf("memorytest: %s: message %q was acked; its history:%s", dest, id, describe(evs, byID(id)))
+	if _, ok := find(evs, kind, id); ok {
+		t.Fatalf("memorytest: %s: message %q was %s; its history:%s", dest, id, kind, describe(evs, byID(id)))
 	}
 }
 
@@ -214,10 +221,7 @@ func deadLetter(t testing.TB, b *memory.Broker, e memory.Event) DeadLetter {
 // from dest.
 func RequireNotDeadLettered(t testing.TB, b *memory.Broker, dest, id string) {
 	t.Helper()
-	evs := history(t, b, dest)
-	if _, ok := find(evs, memory.EventDeadLettered, id); ok {
-		t.Fatalf("memorytest: %s: message %q was dead-lettered; its history:%s", dest, id, describe(evs, byID(id)))
-	}
+	requireNone(t, b, dest, id, memory.EventDeadLettered)
 }
 
 // RequireDeliveries fails the test unless the message id was delivered
