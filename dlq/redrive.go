@@ -471,26 +471,7 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 				return res, err
 			}
 		}
-		n, stop, err := r.receive(ctx, buf[:want])
-		if stop != "" {
-			res.Stop = stop
-			res.ReleaseFailed = r.releaseAll(ctx)
-			return res, err
-		}
-		for i, msg := range buf[:n] {
-			buf[i] = nil
-			if again, stop := r.redelivered(msg); stop {
-				res.Stop = StopRepeat
-				// Hold the rest of the batch too: they are this run's to release.
-				for _, m := range buf[i+1 : n] {
-					r.hold(m)
-				}
-				clear(buf[i+1 : n])
-				res.ReleaseFailed = r.releaseAll(ctx)
-				return res, nil
-			} else if again {
-				continue
-			}
+		stop, err := r.batch(ctx, buf[:want], func(msg *ackwise.Message) (StopReason, error) {
 			env, derr := Decode(msg.Headers)
 			switch {
 			case derr != nil:
@@ -498,12 +479,12 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 				res.NoEnvelope++
 				r.hold(msg)
 				note(msg, Envelope{}, ActionNoEnvelope)
-				continue
+				return "", nil
 			case opts.Filter != nil && !opts.Filter(msg, env):
 				res.Skipped++
 				r.hold(msg)
 				note(msg, env, ActionSkipped)
-				continue
+				return "", nil
 			}
 			id := msg.EventID()
 			count, countOK := RedriveCount(msg.Headers)
@@ -512,58 +493,83 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 				res.PayloadCut++
 				r.hold(msg)
 				note(msg, env, ActionPayloadCut)
-				continue
+				return "", nil
 			case id != "" && moved.has(id):
 				res.AlreadyMoved++
 				r.hold(msg)
 				note(msg, env, ActionAlreadyMoved)
-				continue
+				return "", nil
 			case !opts.Force && (!countOK || count >= maxRedrives):
 				res.RedriveLimited++
 				r.hold(msg)
 				note(msg, env, ActionRedriveLimit)
-				continue
+				return "", nil
 			case id != "" && moved.len() >= MaxMovedIDs:
-				res.Stop = StopMovedLimit
 				r.hold(msg)
-				for _, m := range buf[i+1 : n] {
-					r.hold(m)
-				}
-				clear(buf[i+1 : n])
-				res.ReleaseFailed = r.releaseAll(ctx)
-				return res, nil
+				return StopMovedLimit, nil
 			case opts.DryRun:
 				res.WouldMove++
 				moved.add(id)
 				r.hold(msg)
 				note(msg, env, ActionWouldMove)
-				continue
+				return "", nil
 			}
 			if !countOK {
 				count = math.MaxInt // unreadable: past every limit, and stays so
 			}
 			if err := r.move(ctx, to, lim, cmp.Or(opts.PublishTimeout, DefaultPublishTimeout), msg, count); err != nil {
-				for _, m := range buf[i+1 : n] {
-					r.hold(m)
-				}
-				clear(buf[i+1 : n])
-				res.Stop = StopError
 				if ctx.Err() != nil || errors.Is(err, errRateDeadline) {
-					res.Stop = StopCanceled
-				} else {
-					res.Failed++
-					note(msg, env, ActionFailed)
+					return StopCanceled, err
 				}
-				res.ReleaseFailed = r.releaseAll(ctx)
-				return res, err
+				res.Failed++
+				note(msg, env, ActionFailed)
+				return StopError, err
 			}
 			res.Moved++
 			moved.add(id)
 			note(msg, env, ActionMoved)
+			return "", nil
+		})
+		if stop != "" {
+			res.Stop = stop
+			res.ReleaseFailed = r.releaseAll(ctx)
+			return res, err
 		}
 	}
 	res.ReleaseFailed = r.releaseAll(ctx)
 	return res, nil
+}
+
+// batch receives up to len(buf) messages and calls f on each that is not a
+// redelivery of one the run holds (those it holds again). A failed receive
+// ends it with the receive's stop reason and error; a message the run took
+// coming back with no new one since ends it with StopRepeat, and f ends it
+// with a stop reason it returns (and its error). The messages of the batch
+// after the one it ended at are held, to be released with the rest: they
+// are this run's to release.
+func (r *run) batch(ctx context.Context, buf []*ackwise.Message, f func(msg *ackwise.Message) (StopReason, error)) (StopReason, error) {
+	n, stop, err := r.receive(ctx, buf)
+	if stop != "" {
+		return stop, err
+	}
+	for i, msg := range buf[:n] {
+		buf[i] = nil
+		again, repeat := r.redelivered(msg)
+		switch {
+		case repeat:
+			stop = StopRepeat
+		case !again:
+			stop, err = f(msg)
+		}
+		if stop != "" {
+			for _, m := range buf[i+1 : n] {
+				r.hold(m)
+			}
+			clear(buf[i+1 : n])
+			return stop, err
+		}
+	}
+	return "", nil
 }
 
 // move publishes msg's redrive copy, with redrive count count+1, to to
@@ -863,31 +869,19 @@ func Inspect(ctx context.Context, from RedriveSource, opts InspectOptions) (Insp
 			res.Stop = StopMax
 			break
 		}
-		n, stop, err := r.receive(ctx, buf[:want])
-		if stop != "" {
-			res.Stop = stop
-			res.ReleaseFailed = r.releaseAll(ctx)
-			return res, err
-		}
-		for i, msg := range buf[:n] {
-			buf[i] = nil
-			if again, stop := r.redelivered(msg); stop {
-				res.Stop = StopRepeat
-				for _, m := range buf[i+1 : n] {
-					r.hold(m)
-				}
-				clear(buf[i+1 : n])
-				res.ReleaseFailed = r.releaseAll(ctx)
-				return res, nil
-			} else if again {
-				continue // seen already
-			}
+		stop, err := r.batch(ctx, buf[:want], func(msg *ackwise.Message) (StopReason, error) {
 			r.hold(msg)
 			env, derr := Decode(msg.Headers)
 			if derr != nil {
 				env = Envelope{}
 			}
 			res.Letters = append(res.Letters, Letter{Message: copyMessage(msg), Envelope: env, Err: derr})
+			return "", nil
+		})
+		if stop != "" {
+			res.Stop = stop
+			res.ReleaseFailed = r.releaseAll(ctx)
+			return res, err
 		}
 	}
 	res.ReleaseFailed = r.releaseAll(ctx)
