@@ -198,10 +198,30 @@ func openSource(ctx context.Context, rawURL string) (adapters.Source, error) {
 	return src, nil
 }
 
-func inspectFlags(c *command, n int) (*int, *time.Duration) {
+// parseSample defines and parses the flags of a command that samples a
+// dead-letter source, <source-url> [-n N] [-idle d] [-json] (-n defaulting
+// to n), and checks them.
+func parseSample(c *command, args []string, n int, jsonHelp string) (sampleArgs, error) {
 	nf := c.fs.Int("n", n, "receive at most `N` messages (all are released afterwards)")
 	idle := c.fs.Duration("idle", dlq.DefaultIdleTimeout, "stop when no message arrives for this `long`")
-	return nf, idle
+	asJSON := c.fs.Bool("json", false, jsonHelp)
+	pos, err := c.parse(args, "<source-url>")
+	if err != nil {
+		return sampleArgs{}, err
+	}
+	if err := checkSample(c, *nf, *idle); err != nil {
+		return sampleArgs{}, err
+	}
+	return sampleArgs{url: pos[0], n: *nf, idle: *idle, asJSON: *asJSON}, nil
+}
+
+// sampleArgs are the arguments of the commands that sample a dead-letter
+// source (inspect, stats).
+type sampleArgs struct {
+	url    string
+	n      int
+	idle   time.Duration
+	asJSON bool
 }
 
 func checkSample(c *command, n int, idle time.Duration) error {
@@ -237,20 +257,15 @@ func sample(ctx context.Context, rawURL string, n int, idle time.Duration) (res 
 
 func cmdInspect(ctx context.Context, args []string, stdout io.Writer) error {
 	c := newCommand("inspect", "ackwise dlq inspect <source-url> [-n 20] [-json] [-idle 2s]")
-	n, idle := inspectFlags(c, dlq.DefaultInspectMax)
-	asJSON := c.fs.Bool("json", false, "print one JSON object a line")
-	pos, err := c.parse(args, "<source-url>")
+	a, err := parseSample(c, args, dlq.DefaultInspectMax, "print one JSON object a line")
 	if err != nil {
 		return err
 	}
-	if err := checkSample(c, *n, *idle); err != nil {
-		return err
-	}
-	res, err := sample(ctx, pos[0], *n, *idle)
+	res, err := sample(ctx, a.url, a.n, a.idle)
 	// Print what was seen even when the run ended with an error.
 	enc := json.NewEncoder(stdout)
 	for _, l := range res.Letters {
-		if *asJSON {
+		if a.asJSON {
 			if jerr := enc.Encode(letterJSON(l)); jerr != nil {
 				return jerr
 			}
@@ -267,7 +282,7 @@ func cmdInspect(ctx context.Context, args []string, stdout io.Writer) error {
 func letterLine(l dlq.Letter) string {
 	m, e := l.Message, l.Envelope
 	// Quoted when need be: a foreign producer's ID may hold a newline.
-	id := field(cmp.Or(m.ID, m.Headers.Get(ackwise.HeaderEventID)))
+	id := field(m.EventID())
 	if l.Err != nil {
 		return fmt.Sprintf("%s no-envelope broker-id=%s (%v)", id, field(m.BrokerID), l.Err)
 	}
@@ -335,7 +350,7 @@ type letterOut struct {
 func letterJSON(l dlq.Letter) letterOut {
 	m, e := l.Message, l.Envelope
 	o := letterOut{
-		EventID:      cmp.Or(m.ID, m.Headers.Get(ackwise.HeaderEventID)),
+		EventID:      m.EventID(),
 		Key:          m.Key,
 		BrokerID:     m.BrokerID,
 		PayloadBytes: len(m.Payload),
@@ -377,16 +392,11 @@ type statsOut struct {
 
 func cmdStats(ctx context.Context, args []string, stdout io.Writer) error {
 	c := newCommand("stats", "ackwise dlq stats <source-url> [-n 1000] [-json] [-idle 2s]")
-	n, idle := inspectFlags(c, 1000)
-	asJSON := c.fs.Bool("json", false, "print one JSON object")
-	pos, err := c.parse(args, "<source-url>")
+	a, err := parseSample(c, args, 1000, "print one JSON object")
 	if err != nil {
 		return err
 	}
-	if err := checkSample(c, *n, *idle); err != nil {
-		return err
-	}
-	res, err := sample(ctx, pos[0], *n, *idle)
+	res, err := sample(ctx, a.url, a.n, a.idle)
 	if err != nil {
 		return err
 	}
@@ -408,7 +418,7 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer) error {
 			s.NewestLast = &f
 		}
 	}
-	if *asJSON {
+	if a.asJSON {
 		return json.NewEncoder(stdout).Encode(s)
 	}
 	fmt.Fprintf(stdout, "messages: %d (dead letters: %d, without envelope: %d)\n", s.Messages, s.DeadLetters, s.NoEnvelope)
@@ -427,7 +437,7 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer) error {
 	if s.NewestLast != nil {
 		fmt.Fprintf(stdout, "newest last failure: %s\n", s.NewestLast.UTC().Format(time.RFC3339))
 	}
-	fmt.Fprintf(stdout, "stopped: %s\n", stopText(res.Stop, *n, -1, *idle))
+	fmt.Fprintf(stdout, "stopped: %s\n", stopText(res.Stop, a.n, -1, a.idle))
 	return nil
 }
 
