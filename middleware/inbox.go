@@ -111,25 +111,19 @@ type InboxConfig struct {
 // Inbox returns an error, naming the field, for a nil store or an empty
 // Consumer. The middleware is safe for concurrent use.
 func Inbox(store InboxStore, cfg InboxConfig) (ackwise.Middleware, error) {
-	if store == nil {
-		return nil, errors.New("middleware: Inbox store is nil")
-	}
-	if cfg.Consumer == "" {
-		return nil, errors.New(`middleware: InboxConfig.Consumer is "" (a stable consumer name is required)`)
+	if err := needStoreAndConsumer("Inbox", store == nil, cfg.Consumer); err != nil {
+		return nil, err
 	}
 	keyFunc := cfg.KeyFunc
 	if keyFunc == nil {
 		keyFunc = func(msg *ackwise.Message) (string, error) { return msg.EventID(), nil }
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = discardLogger
-	}
+	logger := orDiscard(cfg.Logger)
 	return func(next ackwise.Handler) ackwise.Handler {
 		return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
 			id, err := keyFunc(msg)
 			if err != nil {
-				return markPermanent(fmt.Errorf("middleware: inbox key: %w", err))
+				return markPermanent("inbox key", err)
 			}
 			if id == "" {
 				if cfg.AllowMissingKey {
@@ -192,12 +186,34 @@ func runClaimed(ctx context.Context, c Claim, next ackwise.Handler, msg *ackwise
 	return nil
 }
 
-// markPermanent marks err permanent unless it already carries a class.
-func markPermanent(err error) error {
+// markPermanent wraps err, the error of the user's function named what,
+// and marks it permanent unless it already carries a class.
+func markPermanent(what string, err error) error {
+	err = fmt.Errorf("middleware: %s: %w", what, err)
 	if ackwise.ClassOf(err) != ackwise.ClassTransient {
 		return err
 	}
 	return ackwise.Permanent(err)
+}
+
+// needStoreAndConsumer checks what the middleware name (Inbox,
+// VersionGate) needs whatever its config: a store and a consumer name.
+func needStoreAndConsumer(name string, noStore bool, consumer string) error {
+	if noStore {
+		return fmt.Errorf("middleware: %s store is nil", name)
+	}
+	if consumer == "" {
+		return fmt.Errorf(`middleware: %sConfig.Consumer is "" (a stable consumer name is required)`, name)
+	}
+	return nil
+}
+
+// orDiscard returns l, or a logger that discards for a nil l.
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return discardLogger
+	}
+	return l
 }
 
 var discardLogger = slog.New(slog.DiscardHandler)

@@ -32,3 +32,22 @@ func PruneEvery(ctx context.Context, interval, olderThan time.Duration, prune fu
 		}
 	}
 }
+
+// PruneInBatches calls deleteBatch until it deletes fewer than batch
+// records, and returns how many it deleted in all: the loop behind the SQL
+// stores' Prune methods, which delete at most batch rows per statement so
+// that each transaction and its locks stay short. An error ends the loop
+// and is returned with the total deleted before it.
+func PruneInBatches(batch int64, deleteBatch func() (int64, error)) (int64, error) {
+	var total int64
+	for {
+		n, err := deleteBatch()
+		if err != nil {
+			return total, err
+		}
+		total += n
+		if n < batch {
+			return total, nil
+		}
+	}
+}

@@ -118,11 +118,8 @@ type VersionGateConfig struct {
 // an error, naming the field, for a nil store or an empty Consumer. The
 // middleware is safe for concurrent use.
 func VersionGate(store VersionStore, cfg VersionGateConfig) (ackwise.Middleware, error) {
-	if store == nil {
-		return nil, errors.New("middleware: VersionGate store is nil")
-	}
-	if cfg.Consumer == "" {
-		return nil, errors.New(`middleware: VersionGateConfig.Consumer is "" (a stable consumer name is required)`)
+	if err := needStoreAndConsumer("VersionGate", store == nil, cfg.Consumer); err != nil {
+		return nil, err
 	}
 	gap := cfg.MaxVersionGap
 	switch {
@@ -144,22 +141,19 @@ func VersionGate(store VersionStore, cfg VersionGateConfig) (ackwise.Middleware,
 	if verFunc == nil {
 		verFunc = AggregateVersion
 	}
-	logger := cfg.Logger
-	if logger == nil {
-		logger = discardLogger
-	}
+	logger := orDiscard(cfg.Logger)
 	return func(next ackwise.Handler) ackwise.Handler {
 		return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
 			agg, err := aggFunc(msg)
 			if err != nil {
-				return markPermanent(fmt.Errorf("middleware: version gate aggregate: %w", err))
+				return markPermanent("version gate aggregate", err)
 			}
 			if agg == "" {
 				return ackwise.Permanent(fmt.Errorf("%w: version gate: message has no aggregate ID", ErrInvalid))
 			}
 			ver, err := verFunc(msg)
 			if err != nil {
-				return markPermanent(fmt.Errorf("middleware: version gate version: %w", err))
+				return markPermanent("version gate version", err)
 			}
 			if ver < 1 {
 				return ackwise.Permanent(fmt.Errorf("%w: version gate: %s %d of aggregate %q: versions start at 1", ErrInvalid, verSource, ver, agg))

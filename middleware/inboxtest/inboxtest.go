@@ -47,6 +47,28 @@ func msgFor(id string) *ackwise.Message {
 	return &ackwise.Message{ID: id, Headers: ackwise.HeadersOf(ackwise.HeaderEventID, id), Source: "inboxtest", Partition: -1, Offset: -1, Attempt: 1}
 }
 
+// counted wraps, in the inbox on store under a unique consumer name, a
+// handler that counts its calls in runs and returns f(call), call counting
+// from 1.
+func counted(t *testing.T, store middleware.InboxStore, f func(call int32) error) (h ackwise.Handler, runs *atomic.Int32) {
+	t.Helper()
+	runs = new(atomic.Int32)
+	h = wrap(t, store, unique(t), func(context.Context, *ackwise.Message) error { return f(runs.Add(1)) })
+	return h, runs
+}
+
+// redeliver delivers msg to h again (step names the delivery), wanting nil,
+// then wants the handler to have run want times in all (why says why).
+func redeliver(t *testing.T, h ackwise.Handler, msg *ackwise.Message, runs *atomic.Int32, step string, want int32, why string) {
+	t.Helper()
+	if err := deliver(t.Context(), t, h, msg); err != nil {
+		t.Fatalf("%s: %v", step, err)
+	}
+	if n := runs.Load(); n != want {
+		t.Fatalf("handler ran %d times, want %d%s", n, want, why)
+	}
+}
+
 func unique(t testing.TB) string {
 	return fmt.Sprintf("%s-%d", t.Name(), time.Now().UnixNano())
 }
@@ -66,12 +88,7 @@ func wrap(t testing.TB, store middleware.InboxStore, consumer string, h ackwise.
 func RunInbox(t *testing.T, newStore func(t *testing.T) middleware.InboxStore, opts Options) {
 	t.Run("HandledOnce", func(t *testing.T) {
 		t.Parallel()
-		store := newStore(t)
-		var runs atomic.Int32
-		h := wrap(t, store, unique(t), func(ctx context.Context, msg *ackwise.Message) error {
-			runs.Add(1)
-			return nil
-		})
+		h, runs := counted(t, newStore(t), func(int32) error { return nil })
 		msg := msgFor("e1")
 		for i := range 3 {
 			if err := deliver(t.Context(), t, h, msg); err != nil {
@@ -85,11 +102,9 @@ func RunInbox(t *testing.T, newStore func(t *testing.T) middleware.InboxStore, o
 
 	t.Run("FailureLeavesNoRecord", func(t *testing.T) {
 		t.Parallel()
-		store := newStore(t)
 		boom := errors.New("boom")
-		var runs atomic.Int32
-		h := wrap(t, store, unique(t), func(ctx context.Context, msg *ackwise.Message) error {
-			if runs.Add(1) == 1 {
+		h, runs := counted(t, newStore(t), func(call int32) error {
+			if call == 1 {
 				return boom
 			}
 			return nil
@@ -101,20 +116,13 @@ func RunInbox(t *testing.T, newStore func(t *testing.T) middleware.InboxStore, o
 		if err := deliver(t.Context(), t, h, msg); err != nil {
 			t.Fatalf("retry: %v", err)
 		}
-		if err := deliver(t.Context(), t, h, msg); err != nil {
-			t.Fatalf("redelivery after success: %v", err)
-		}
-		if n := runs.Load(); n != 2 {
-			t.Fatalf("handler ran %d times, want 2 (failed attempt, then the retry)", n)
-		}
+		redeliver(t, h, msg, runs, "redelivery after success", 2, " (failed attempt, then the retry)")
 	})
 
 	t.Run("PanicLeavesNoRecord", func(t *testing.T) {
 		t.Parallel()
-		store := newStore(t)
-		var runs atomic.Int32
-		inner := wrap(t, store, unique(t), func(ctx context.Context, msg *ackwise.Message) error {
-			if runs.Add(1) == 1 {
+		inner, runs := counted(t, newStore(t), func(call int32) error {
+			if call == 1 {
 				panic("handler bug")
 			}
 			return nil
@@ -126,22 +134,14 @@ func RunInbox(t *testing.T, newStore func(t *testing.T) middleware.InboxStore, o
 		if !errors.As(err, &pe) {
 			t.Fatalf("first delivery: got %v, want a *PanicError", err)
 		}
-		if err := deliver(t.Context(), t, h, msg); err != nil {
-			t.Fatalf("retry after panic: %v", err)
-		}
-		if n := runs.Load(); n != 2 {
-			t.Fatalf("handler ran %d times, want 2", n)
-		}
+		redeliver(t, h, msg, runs, "retry after panic", 2, "")
 	})
 
 	t.Run("FinishedWorkCommitsAfterCancel", func(t *testing.T) {
 		t.Parallel()
-		store := newStore(t)
-		var runs atomic.Int32
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
-		h := wrap(t, store, unique(t), func(context.Context, *ackwise.Message) error {
-			runs.Add(1)
+		h, runs := counted(t, newStore(t), func(int32) error {
 			cancel() // the engine's drain deadline passes as the handler finishes
 			return nil
 		})
@@ -149,12 +149,7 @@ func RunInbox(t *testing.T, newStore func(t *testing.T) middleware.InboxStore, o
 		if err := h.Handle(ctx, msg); err != nil {
 			t.Fatalf("handler returned nil but the delivery failed with %v once ctx ended; want its work committed", err)
 		}
-		if err := deliver(t.Context(), t, h, msg); err != nil {
-			t.Fatalf("redelivery: %v", err)
-		}
-		if n := runs.Load(); n != 1 {
-			t.Fatalf("handler ran %d times, want 1 (the redelivery of committed work is a duplicate)", n)
-		}
+		redeliver(t, h, msg, runs, "redelivery", 1, " (the redelivery of committed work is a duplicate)")
 	})
 
 	t.Run("ConsumersAreIndependent", func(t *testing.T) {

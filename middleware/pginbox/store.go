@@ -480,17 +480,13 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Duration) (int64, erro
 	if olderThan < 0 {
 		return 0, fmt.Errorf("pginbox: Prune olderThan %v is negative", olderThan)
 	}
-	var total int64
-	for {
+	return middleware.PruneInBatches(DefaultPruneBatch, func() (int64, error) {
 		tag, err := s.db.Exec(ctx, s.pruneSQL, olderThan.Microseconds(), DefaultPruneBatch)
 		if err != nil {
-			return total, fmt.Errorf("pginbox: prune: %w", err)
+			return 0, fmt.Errorf("pginbox: prune: %w", err)
 		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < DefaultPruneBatch {
-			return total, nil
-		}
-	}
+		return tag.RowsAffected(), nil
+	})
 }
 
 // PruneEvery is a retention job: it calls [Store.Prune](ctx, olderThan)

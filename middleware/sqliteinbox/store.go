@@ -330,21 +330,17 @@ func (s *Store) Prune(ctx context.Context, olderThan time.Duration) (int64, erro
 		return 0, fmt.Errorf("sqliteinbox: Prune olderThan %v is negative", olderThan)
 	}
 	cutoff := time.Now().Add(-olderThan).UnixMilli()
-	var total int64
-	for {
+	return middleware.PruneInBatches(DefaultPruneBatch, func() (int64, error) {
 		res, err := s.db.ExecContext(ctx, s.pruneSQL, cutoff, DefaultPruneBatch)
 		if err != nil {
-			return total, fmt.Errorf("sqliteinbox: prune: %w", err)
+			return 0, fmt.Errorf("sqliteinbox: prune: %w", err)
 		}
 		n, err := res.RowsAffected()
 		if err != nil {
-			return total, fmt.Errorf("sqliteinbox: prune: %w", err)
+			return 0, fmt.Errorf("sqliteinbox: prune: %w", err)
 		}
-		total += n
-		if n < DefaultPruneBatch {
-			return total, nil
-		}
-	}
+		return n, nil
+	})
 }
 
 // PruneEvery is a retention job: it calls [Store.Prune](ctx, olderThan)
