@@ -47,7 +47,7 @@ type Breaker struct {
 	MaxProbeInterval time.Duration
 }
 
-func (b *Breaker) state() (*breakerState, error) {
+func (b *Breaker) state(c *Consumer) (*breakerState, error) {
 	cfg := *b
 	switch {
 	case cfg.Threshold < 0:
@@ -69,10 +69,16 @@ func (b *Breaker) state() (*breakerState, error) {
 	if cfg.MaxProbeInterval < cfg.ProbeInterval {
 		return nil, fmt.Errorf("consumer: Breaker.MaxProbeInterval = %v is below ProbeInterval = %v", cfg.MaxProbeInterval, cfg.ProbeInterval)
 	}
-	return &breakerState{cfg: cfg, keys: make(map[string]struct{})}, nil
+	return &breakerState{c: c, cfg: cfg, keys: make(map[string]struct{})}, nil
 }
 
+// breakerState is the running breaker of a Consumer (Config.Breaker). Its
+// fields are guarded by Consumer.mu, which it shares with the rest of the
+// engine: a held message is in flight, in a lane, and is handed to the
+// workers under the same lock. Methods named ...Locked require the caller
+// to hold c.mu; the others take it.
 type breakerState struct {
+	c          *Consumer
 	cfg        Breaker
 	keys       map[string]struct{} // keys failing in a row since the last success
 	open       bool
@@ -88,6 +94,7 @@ type breakerState struct {
 	engaged atomic.Bool
 }
 
+// stopProbe stops the probe timer. Caller holds c.mu.
 func (b *breakerState) stopProbe() {
 	if b.probe != nil {
 		b.probe.Stop()
@@ -106,16 +113,16 @@ func breakerKey(msg *ackwise.Message) string {
 	return msg.BrokerID
 }
 
-// breakerSuccess records a success: it resets the failure run and closes an
-// open breaker, running the held messages again.
+// success records a success: it resets the failure run and closes an open
+// breaker, running the held messages again.
 //
 // A success racing with another worker's failure may see no failure yet and
 // not reset it: the two have no order anyway.
-func (c *Consumer) breakerSuccess() {
-	b := c.breaker
+func (b *breakerState) success() {
 	if !b.engaged.Load() {
 		return
 	}
+	c := b.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(b.keys) > 0 {
@@ -136,14 +143,13 @@ func (c *Consumer) breakerSuccess() {
 	c.signalSpace()
 }
 
-// breakerFailure records a transient or rate-limited failure of t's
-// message; after is the delay a rate-limited failure asked for (zero for
-// none). It returns true when the breaker is (now) open and the message is
-// held.
-func (c *Consumer) breakerFailure(t task, after time.Duration) bool {
+// failure records a transient or rate-limited failure of t's message; after
+// is the delay a rate-limited failure asked for (zero for none). It returns
+// true when the breaker is (now) open and the message is held.
+func (b *breakerState) failure(t task, after time.Duration) bool {
+	c := b.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	b := c.breaker
 	msg := t.msg
 	if c.stopping.Load() {
 		return false
@@ -175,9 +181,9 @@ func (c *Consumer) breakerFailure(t task, after time.Duration) bool {
 	if b.probing == nil {
 		if len(b.held) == 0 {
 			c.log.Info("breaker closed: the message it would hold is no longer this consumer's, nothing to probe with; resuming")
-			c.closeIdleLocked()
+			b.closeIdleLocked()
 		} else if b.probe == nil {
-			c.scheduleProbe(after)
+			b.scheduleProbeLocked(after)
 		}
 	}
 	return true
@@ -190,12 +196,12 @@ func (c *Consumer) breakerFailure(t task, after time.Duration) bool {
 // flight until the next probe: a Kafka revoke would wait for them up to
 // its RevokeTimeout, a dead RabbitMQ channel's redeliveries behind them.
 // A breaker left with nothing to probe with closes (closeIdleLocked).
-// Called with c.mu held.
-func (c *Consumer) handBackInvalidLocked() {
-	b := c.breaker
-	if b == nil || len(b.held) == 0 {
+// Caller holds c.mu.
+func (b *breakerState) handBackInvalidLocked() {
+	if len(b.held) == 0 {
 		return
 	}
+	c := b.c
 	kept := b.held[:0]
 	for _, t := range b.held {
 		if c.src.Valid(t.msg) {
@@ -211,59 +217,57 @@ func (c *Consumer) handBackInvalidLocked() {
 	b.held = kept
 	if b.open && len(b.held) == 0 && b.probing == nil {
 		c.log.Info("breaker closed: its held messages are no longer this consumer's; resuming")
-		c.closeIdleLocked()
+		b.closeIdleLocked()
 	}
 }
 
 // closeIdleLocked closes the open breaker, which holds nothing to probe
 // with and runs no probe: open, it would pause consumption for good.
-// Receiving resumes; a dependency still down opens it again. Called with
-// c.mu held.
-func (c *Consumer) closeIdleLocked() {
-	b := c.breaker
+// Receiving resumes; a dependency still down opens it again. Caller holds
+// c.mu.
+func (b *breakerState) closeIdleLocked() {
 	b.open = false
 	b.engaged.Store(len(b.keys) > 0)
 	b.stopProbe()
-	c.signalSpace()
+	b.c.signalSpace()
 }
 
-// probeEnded is called (with c.mu held) when the probe message finished
-// without telling whether the dependency is back: it was dead-lettered,
-// discarded or released. Probe again with the next held message, or close
-// the breaker when nothing is held any more.
-func (c *Consumer) probeEnded() {
-	b := c.breaker
+// probeEndedLocked is called when the probe message finished without
+// telling whether the dependency is back: it was dead-lettered, discarded,
+// released, or its move failed and waits in place. Probe again with the
+// next held message, or close the breaker when nothing is held any more.
+// Caller holds c.mu.
+func (b *breakerState) probeEndedLocked() {
 	b.probing = nil
 	if !b.open {
 		return
 	}
-	if len(b.held) > 0 && !c.stopping.Load() {
+	if len(b.held) > 0 && !b.c.stopping.Load() {
 		if b.probe == nil {
-			c.scheduleProbe(0)
+			b.scheduleProbeLocked(0)
 		}
 		return
 	}
-	c.closeIdleLocked()
+	b.closeIdleLocked()
 }
 
-// scheduleProbe starts the probe timer (with c.mu held): after the probe
-// delay, or after, the RetryAfter delay of the failure that armed it, when
-// longer.
-func (c *Consumer) scheduleProbe(after time.Duration) {
-	b := c.breaker
+// scheduleProbeLocked starts the probe timer: after the probe delay, or
+// after, the RetryAfter delay of the failure that armed it, when longer.
+// Caller holds c.mu.
+func (b *breakerState) scheduleProbeLocked(after time.Duration) {
 	b.probeGen++
 	gen := b.probeGen
-	b.probe = c.clock.AfterFunc(max(b.probeDelay, after), func() { c.runProbe(gen) })
+	b.probe = b.c.clock.AfterFunc(max(b.probeDelay, after), func() { b.runProbe(gen) })
 }
 
 // runProbe runs one held message to test the dependency, when gen is the
 // current probe timer's. A timer stopped too late (it fired, and waited for
 // c.mu while the breaker closed and opened again) must neither start a
 // second probe beside the current timer's nor drop that timer.
-func (c *Consumer) runProbe(gen uint64) {
+func (b *breakerState) runProbe(gen uint64) {
+	c := b.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	b := c.breaker
 	if gen != b.probeGen {
 		return
 	}
@@ -275,4 +279,16 @@ func (c *Consumer) runProbe(gen uint64) {
 	b.held = b.held[1:]
 	b.probing = t.msg
 	c.queueLocked(t)
+}
+
+// stopLocked ends the breaker's part in a Run that stops: the probe timer
+// stops, the held messages go to the workers, which release them, and the
+// next Run starts with the breaker closed. Caller holds c.mu.
+func (b *breakerState) stopLocked() {
+	b.stopProbe()
+	b.c.queueLocked(b.held...)
+	b.held = nil
+	b.open, b.probing = false, nil
+	clear(b.keys)
+	b.engaged.Store(false)
 }

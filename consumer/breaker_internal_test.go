@@ -40,10 +40,10 @@ func TestStaleProbeTimerDoesNothing(t *testing.T) {
 	b.open = true
 	b.probeDelay = time.Hour // the clock never gets there
 	b.held = []task{{msg: held}}
-	c.scheduleProbe(0) // the old timer: gen 1
+	b.scheduleProbeLocked(0) // the old timer: gen 1
 	stale := b.probeGen
-	b.stopProbe()      // the breaker closes: stopping fails, the timer fired already
-	c.scheduleProbe(0) // and opens again: the new timer
+	b.stopProbe()            // the breaker closes: stopping fails, the timer fired already
+	b.scheduleProbeLocked(0) // and opens again: the new timer
 	current := b.probe
 	c.mu.Unlock()
 	defer current.Stop()
@@ -66,12 +66,12 @@ func TestStaleProbeTimerDoesNothing(t *testing.T) {
 	}
 }
 
-// runProbeWithin runs c.runProbe(gen). Starting a probe queues its message
+// runProbeWithin runs c.breaker.runProbe(gen). Starting a probe queues its message
 // for a worker, which blocks here (Run is not running): that is a failure.
 func runProbeWithin(t *testing.T, c *Consumer, gen uint64) {
 	t.Helper()
 	done := make(chan struct{})
-	go func() { c.runProbe(gen); close(done) }()
+	go func() { c.breaker.runProbe(gen); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(5 * time.Second):

@@ -222,7 +222,7 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		c.leases = make(map[*ackwise.Message]time.Time)
 	}
 	if cfg.Breaker != nil {
-		b, err := cfg.Breaker.state()
+		b, err := cfg.Breaker.state(c)
 		if err != nil {
 			return nil, err
 		}
@@ -506,7 +506,7 @@ func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed t
 	}
 	if err == nil {
 		if c.breaker != nil {
-			c.breakerSuccess()
+			c.breaker.success()
 		}
 		return succeeded, elapsed
 	}
@@ -543,7 +543,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	case ackwise.ClassPermanent:
 		return c.deadLetter(t, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
 	}
-	if c.breaker != nil && c.breakerFailure(t, cl.After) {
+	if c.breaker != nil && c.breaker.failure(t, cl.After) {
 		// The dependency looks down: hold the message without spending an
 		// attempt; the breaker probes with it later.
 		return held
@@ -641,8 +641,8 @@ func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	c.waitLocked(t, pause, false)
 	if b := c.breaker; b != nil && msg == b.probing {
 		// A probe being moved told nothing about the dependency: probe
-		// with the next held message meanwhile (see probeEnded).
-		c.probeEnded()
+		// with the next held message meanwhile (see probeEndedLocked).
+		b.probeEndedLocked()
 	}
 	c.mu.Unlock()
 	return held
@@ -876,7 +876,9 @@ func (c *Consumer) wakeInvalid() {
 			c.queueLocked(w.t)
 		}
 	}
-	c.handBackInvalidLocked()
+	if c.breaker != nil {
+		c.breaker.handBackInvalidLocked()
+	}
 }
 
 // stop begins the drain: no more handler starts, in-place waits are
@@ -891,14 +893,8 @@ func (c *Consumer) stop() {
 			c.queueLocked(w.t) // a worker releases it, finishing its lane
 		}
 	}
-	if b := c.breaker; b != nil {
-		b.stopProbe()
-		c.queueLocked(b.held...)
-		b.held = nil
-		// A new Run starts with the breaker closed.
-		b.open, b.probing = false, nil
-		clear(b.keys)
-		b.engaged.Store(false)
+	if c.breaker != nil {
+		c.breaker.stopLocked()
 	}
 	if c.inflight == 0 {
 		close(c.drained)

@@ -726,7 +726,7 @@ func (c *Consumer) finishLocked(t task) (task, bool) {
 	}
 	c.inflight--
 	if b := c.breaker; b != nil && t.msg == b.probing {
-		c.probeEnded()
+		b.probeEndedLocked()
 	}
 	ln := t.ln
 	if ln == nil {
