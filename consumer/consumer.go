@@ -33,19 +33,18 @@ var ErrDrainTimeout = errors.New("consumer: drain timed out: handlers still runn
 
 // Consumer runs a handler on the messages of one source. Create it with New.
 type Consumer struct {
-	src       adapters.Source
-	recycler  adapters.Recycler   // src, when it reuses messages; else nil
-	acker     adapters.BatchAcker // src, when it acks batches; else nil
-	detacher  adapters.Detacher   // src, when its messages share memory; else nil
-	caps      adapters.Capabilities
-	cfg       Config
-	h         ackwise.Handler
-	inPlace   bool // retries wait in place instead of through the broker
-	heartbeat bool
-	clock     ackwise.Clock
-	log       *slog.Logger
-	stats     counters
-	running   atomic.Bool
+	src      adapters.Source
+	recycler adapters.Recycler   // src, when it reuses messages; else nil
+	acker    adapters.BatchAcker // src, when it acks batches; else nil
+	detacher adapters.Detacher   // src, when its messages share memory; else nil
+	caps     adapters.Capabilities
+	cfg      Config
+	h        ackwise.Handler
+	inPlace  bool // retries wait in place instead of through the broker
+	clock    ackwise.Clock
+	log      *slog.Logger
+	stats    counters
+	running  atomic.Bool
 
 	// work carries chunks of tasks ready to run. Its capacity is
 	// MaxInFlight and every chunk on it holds at least one in-flight message
@@ -70,18 +69,11 @@ type Consumer struct {
 	drained     chan struct{}                    // closed when in-flight reaches 0 while stopping
 	waiting     map[*ackwise.Message]waitEntry   // in-place retries and redelivery holds
 	moves       map[*ackwise.Message]pendingMove // failed moves waiting in place to be tried again
-	leases      map[*ackwise.Message]time.Time   // when the lease was last set
+	leases      leases
 	breaker     *breakerState
 	settleCtx   context.Context // set by Run before its goroutines start
 	handlerCtx  context.Context // set by Run before its goroutines start
 	dispatchBuf []*chunk        // dispatch's scratch, owned by the receive loop
-
-	// extending holds the messages the heartbeat is extending outside mu
-	// (under mu). One finished meanwhile is not recycled by its finisher but
-	// by the heartbeat after its round (hbRecycle), so ExtendLease never
-	// sees a recycled message.
-	extending map[*ackwise.Message]bool
-	hbRecycle []*ackwise.Message
 
 	// failedSettles remembers the messages whose settle failed, by
 	// identity, so that their redeliveries wait (holdRedelivery). Under mu;
@@ -214,12 +206,9 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		// source, would only ever reach the first tiers.
 		c.cfg.Retry.Tiers = slices.Clone(caps.DelayTiers)
 	}
-	c.heartbeat = caps.ExtendLease && caps.Lease > 0
+	c.leases.init(c)
 	if c.inPlace && caps.Lease > 0 && !caps.ExtendLease {
 		c.log.Warn("retries wait in place but the source cannot extend leases: a message waiting longer than the lease is delivered again", slog.Duration("lease", caps.Lease))
-	}
-	if c.heartbeat {
-		c.leases = make(map[*ackwise.Message]time.Time)
 	}
 	if cfg.Breaker != nil {
 		b, err := cfg.Breaker.state(c)
@@ -318,11 +307,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		defer hb.Done()
 		c.stallWatch(quit)
 	}()
-	if c.heartbeat {
+	if c.leases.on {
 		hb.Add(1)
 		go func() {
 			defer hb.Done()
-			c.heartbeatLoop(hbQuit)
+			c.leases.loop(hbQuit)
 		}()
 	}
 	// The receive loop runs on its own goroutine: it may be running a
@@ -538,7 +527,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	}
 	switch cl.Class {
 	case ackwise.ClassDiscard:
-		c.log.Debug("discarded", slog.String("event_id", msg.EventID()), slog.Any("error", err))
+		c.log.Debug("discarded", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
 		return c.settle(t, Discarded, elapsed, c.src.Ack(sctx, msg))
 	case ackwise.ClassPermanent:
 		return c.deadLetter(t, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
@@ -555,7 +544,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	if delay <= 0 {
 		delay = c.cfg.Retry.Delay(msg.Attempt)
 	}
-	c.log.Debug("retrying", slog.String("event_id", msg.EventID()), slog.Int("attempt", msg.Attempt), slog.Duration("delay", delay), slog.Any("error", err))
+	c.log.Debug("retrying", slog.String("event_id", adapters.EventID(msg)), slog.Int("attempt", msg.Attempt), slog.Duration("delay", delay), slog.Any("error", err))
 	if c.inPlace {
 		if c.stopping.Load() {
 			c.release(msg) // no new waits during the drain
@@ -588,7 +577,7 @@ func (c *Consumer) deadLetter(t task, reason dlq.Reason, err error, class ackwis
 			// Not confirmed: the message must not be acked (invariant 3).
 			return fmt.Errorf("dead-letter: %w", derr)
 		}
-		c.log.Warn("dead-lettered", slog.String("event_id", msg.EventID()), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
+		c.log.Warn("dead-lettered", slog.String("event_id", adapters.EventID(msg)), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
 		return nil
 	}}, elapsed)
 }
@@ -626,7 +615,7 @@ func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	c.observe(msg, SettleFailed, elapsed)
 	t.moves = min(t.moves, 254) + 1
 	pause := min(10*time.Millisecond<<min(t.moves-1, 10), 5*time.Second)
-	c.log.Error("settle failed; trying again in place", slog.String("outcome", pm.o.String()), slog.String("event_id", msg.EventID()), slog.Int("tries", int(t.moves)), slog.Duration("retry_in", pause), slog.Any("error", err))
+	c.log.Error("settle failed; trying again in place", slog.String("outcome", pm.o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Int("tries", int(t.moves)), slog.Duration("retry_in", pause), slog.Any("error", err))
 	c.detach(msg) // before the lock: a copy of a large payload takes time
 	c.mu.Lock()
 	if c.stopping.Load() {
@@ -671,7 +660,7 @@ func (c *Consumer) settle(t task, o Outcome, elapsed time.Duration, err error) r
 	if err != nil {
 		if !errors.Is(err, adapters.ErrReceiptInvalid) {
 			c.settleFailed(t)
-			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", msg.EventID()), slog.Any("error", err))
+			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
 			// Hand the delivery back so it is not stuck unsettled (an AMQP
 			// delivery would hold its prefetch slot until the channel
 			// closes). Release is never an ack, so this is always safe.
@@ -930,60 +919,6 @@ func (c *Consumer) awaitDrain(cancelHandlers context.CancelFunc) error {
 	}
 }
 
-// heartbeatLoop extends the leases of messages that have been in flight for
-// a third of the lease, so a long handler or an in-place wait never loses its
-// message to another consumer.
-func (c *Consumer) heartbeatLoop(quit <-chan struct{}) {
-	every := c.caps.Lease / 3
-	var due []*ackwise.Message
-	for {
-		tick := make(chan struct{})
-		t := c.clock.AfterFunc(every, func() { close(tick) })
-		select {
-		case <-quit:
-			t.Stop()
-			return
-		case <-tick:
-		}
-		now := c.clock.Now()
-		due = due[:0]
-		c.mu.Lock()
-		for m, at := range c.leases {
-			if now.Sub(at) >= every {
-				due = append(due, m)
-				c.leases[m] = now
-				if c.recycler != nil {
-					if c.extending == nil {
-						c.extending = make(map[*ackwise.Message]bool)
-					}
-					c.extending[m] = true
-				}
-			}
-		}
-		c.mu.Unlock()
-		for _, m := range due {
-			// Not a receipt no longer valid, nor a source closed (after Run
-			// returned ErrDrainTimeout, the application may close it while
-			// handlers it left running hold messages): the broker
-			// redelivers those messages, which is all there is to say.
-			if err := c.src.ExtendLease(c.settleCtx, m, c.caps.Lease); err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) && !errors.Is(err, adapters.ErrClosed) {
-				c.log.Warn("lease extension failed", slog.String("event_id", m.EventID()), slog.Any("error", err))
-			}
-		}
-		clear(due)
-		if c.recycler != nil {
-			c.mu.Lock()
-			clear(c.extending)
-			done := c.hbRecycle
-			c.hbRecycle = nil
-			c.mu.Unlock()
-			if len(done) > 0 {
-				c.recycler.Recycle(done...)
-			}
-		}
-	}
-}
-
 // panicError is a recovered handler panic.
 type panicError struct {
 	value any
@@ -1000,7 +935,7 @@ func (c *Consumer) invoke(ctx context.Context, msg *ackwise.Message) (err error)
 		if v := recover(); v != nil {
 			c.stats.panics.Add(1)
 			err = &panicError{value: v, stack: string(debug.Stack())}
-			c.log.Error("handler panicked", slog.String("event_id", msg.EventID()), slog.Any("panic", v))
+			c.log.Error("handler panicked", slog.String("event_id", adapters.EventID(msg)), slog.Any("panic", v))
 		}
 	}()
 	return c.h.Handle(ctx, msg)

@@ -228,7 +228,7 @@ func monotime() time.Duration { return time.Since(epoch) }
 // laneLimit forget this; see newLaneLocked).
 func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
 	now := time.Time{}
-	if c.heartbeat {
+	if c.leases.on {
 		now = c.clock.Now()
 	}
 	var late []*ackwise.Message
@@ -268,9 +268,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint6
 			// (below), it goes back after them, in key order. Released
 			// here, it could reach the broker before them.
 		}
-		if c.heartbeat {
-			c.leases[m] = now
-		}
+		c.leases.startLocked(m, now)
 		if ln != nil {
 			if ln.busy {
 				ln.push(m)
@@ -618,7 +616,7 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 	var next, drop *chunk
 	if len(w.ran) > 0 {
 		for _, r := range w.ran {
-			if c.recycler != nil && !c.heartbeatHoldsLocked(r.msg) {
+			if c.recycler != nil && !c.leases.holdsLocked(r.msg) {
 				w.done = append(w.done, r.msg)
 			}
 			if r.res == returned && r.ln != nil {
@@ -721,9 +719,7 @@ func (c *Consumer) ackRan(w *workerState) {
 // (its lease and the breaker's probe are cleared here). Called with c.mu
 // held.
 func (c *Consumer) finishLocked(t task) (task, bool) {
-	if c.heartbeat {
-		delete(c.leases, t.msg)
-	}
+	c.leases.endLocked(t.msg)
 	c.inflight--
 	if b := c.breaker; b != nil && t.msg == b.probing {
 		b.probeEndedLocked()
@@ -770,23 +766,12 @@ func (c *Consumer) finishOne(t task, remark bool) (task, bool) {
 		t.ln.returnedAt = c.laneReturns.Add(1)
 	}
 	c.finishedLocked()
-	recycle := c.recycler != nil && !c.heartbeatHoldsLocked(t.msg)
+	recycle := c.recycler != nil && !c.leases.holdsLocked(t.msg)
 	c.mu.Unlock()
 	if recycle {
 		c.recycler.Recycle(t.msg)
 	}
 	return next, ok
-}
-
-// heartbeatHoldsLocked reports whether the heartbeat is extending the lease
-// of msg, a finished message, outside c.mu; if so the heartbeat recycles it
-// after its round. Called with c.mu held.
-func (c *Consumer) heartbeatHoldsLocked(msg *ackwise.Message) bool {
-	if !c.extending[msg] {
-		return false
-	}
-	c.hbRecycle = append(c.hbRecycle, msg)
-	return true
 }
 
 // releaseLane releases t's message and every message behind it in its
