@@ -169,7 +169,7 @@ func (b *breakerState) failure(t task, after time.Duration) bool {
 		b.probing = nil
 		b.probeDelay = min(2*b.probeDelay, b.cfg.MaxProbeInterval)
 	}
-	c.detach(msg)
+	c.holds.detach(msg)
 	if !c.src.Valid(msg) {
 		// No longer this consumer's (a Kafka revoke, a dead RabbitMQ
 		// channel), perhaps since before a wakeInvalid that could not see

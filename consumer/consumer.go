@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
-	"math"
 	"runtime/debug"
 	"slices"
 	"sync"
@@ -63,88 +62,21 @@ type Consumer struct {
 	laneLimit   int               // lanes kept before idle ones are dropped
 	freeLanes   []*lane
 	freeChunks  []*chunk
-	dispatchCh  chunk                            // dispatch's, by the receive loop, reset by recycleLocked
-	space       chan struct{}                    // signalled when in-flight drops below the limit
-	stopping    atomic.Bool                      // written under mu, read without it
-	drained     chan struct{}                    // closed when in-flight reaches 0 while stopping
-	waiting     map[*ackwise.Message]waitEntry   // in-place retries and redelivery holds
-	moves       map[*ackwise.Message]pendingMove // failed moves waiting in place to be tried again
+	dispatchCh  chunk         // dispatch's, by the receive loop, reset by recycleLocked
+	space       chan struct{} // signalled when in-flight drops below the limit
+	stopping    atomic.Bool   // written under mu, read without it
+	drained     chan struct{} // closed when in-flight reaches 0 while stopping
+	holds       holds
 	leases      leases
 	breaker     *breakerState
 	settleCtx   context.Context // set by Run before its goroutines start
 	handlerCtx  context.Context // set by Run before its goroutines start
 	dispatchBuf []*chunk        // dispatch's scratch, owned by the receive loop
 
-	// failedSettles remembers the messages whose settle failed, by
-	// identity, so that their redeliveries wait (holdRedelivery). Under mu;
-	// nFailedSettles is its length, stored under mu and read without it, so
-	// that while no settle fails a message costs one atomic load, not a
-	// lock and a lookup.
-	failedSettles  map[msgID]failedSettle
-	nFailedSettles atomic.Int32
-	failedSwept    time.Time // when failedSettles was last swept (sweepFailedLocked)
 	// laneReturns counts the messages of lanes that went back to the broker
 	// unsettled (lane.returnedAt); written under mu, read by the receive
 	// loop without it.
 	laneReturns atomic.Uint64
-	seed        maphash.Seed // for the identity of messages without a broker ID (idOf)
-}
-
-// msgID identifies a message across its redeliveries: its source and
-// broker ID ("topic/partition@offset" on Kafka, the AMQP message-id). A
-// message without a broker ID (an AMQP message published without a
-// message-id) is known by its content instead: sum hashes its key, event ID
-// and payload as received, before a handler could change them (task.sum),
-// which every redelivery repeats (headers are left out: a
-// broker may add per-delivery ones, such as RabbitMQ's x-delivery-count).
-// Two such messages with the same content count as one: one may wait out
-// the other's hold (5s at most), no more.
-type msgID struct {
-	source, brokerID string
-	sum              uint64
-}
-
-// idOf returns the identity of t's message across its redeliveries.
-func (c *Consumer) idOf(t task) msgID {
-	if t.msg.BrokerID != "" {
-		return msgID{source: t.msg.Source, brokerID: t.msg.BrokerID}
-	}
-	sum := t.sum
-	if sum == 0 {
-		sum = c.sumOf(t.msg)
-	}
-	return msgID{source: t.msg.Source, sum: sum}
-}
-
-// sumOf hashes msg's key, event ID and payload (msgID).
-func (c *Consumer) sumOf(msg *ackwise.Message) uint64 {
-	var h maphash.Hash
-	h.SetSeed(c.seed)
-	h.WriteString(msg.Key)
-	h.WriteByte(0)
-	h.WriteString(msg.ID)
-	h.WriteByte(0)
-	h.Write(msg.Payload)
-	return h.Sum64()
-}
-
-// failedSettle is a message whose settle failed: failures times in a row,
-// its next run not before notBefore.
-type failedSettle struct {
-	failures  int
-	notBefore time.Time
-}
-
-// maxFailedSettles bounds failedSettles (invariant 6): when full, an
-// arbitrary entry is dropped, and that message's next redelivery runs at
-// once.
-const maxFailedSettles = 4096
-
-// waitEntry is a message waiting in place: for its retry, or held as the
-// redelivery of a message whose settle failed (holdRedelivery).
-type waitEntry struct {
-	timer ackwise.Timer
-	t     task
 }
 
 // New creates a consumer that runs h on the messages of src. It validates
@@ -178,8 +110,8 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		clock:    cfg.Clock,
 		log:      cfg.Logger.With(slog.String("consumer", cfg.Name)),
 		space:    make(chan struct{}, 1),
-		seed:     maphash.MakeSeed(),
 	}
+	c.holds = holds{c: c, seed: maphash.MakeSeed()}
 	switch cfg.Ordering {
 	case OrderKey:
 		c.keyLanes = make(map[string]*lane)
@@ -364,7 +296,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 // w is its worker state for the messages it runs inline.
 func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 	buf := make([]*ackwise.Message, c.cfg.ReceiveBatch)
-	var errBackoff time.Duration
+	failures := 0 // in a row
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -376,7 +308,7 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		epoch := c.laneReturns.Load()
 		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
 		if n > 0 {
-			errBackoff = 0
+			failures = 0
 			c.stats.received.Add(uint64(n))
 			c.dispatch(buf[:n], w, epoch)
 			forget(c, buf[:n])
@@ -393,9 +325,10 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 				return err
 			}
 			c.stats.receiveErrors.Add(1)
-			errBackoff = min(max(2*errBackoff, 10*time.Millisecond), 5*time.Second)
-			c.log.Warn("receive failed", slog.Any("error", err), slog.Duration("retry_in", errBackoff))
-			if !c.sleep(ctx, errBackoff) {
+			failures++
+			pause := backoffAfter(failures)
+			c.log.Warn("receive failed", slog.Any("error", err), slog.Duration("retry_in", pause))
+			if !c.sleep(ctx, pause) {
 				return nil
 			}
 		}
@@ -474,11 +407,11 @@ func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed t
 		// the message (against its contract: replaces its payload with a
 		// decoded one, say) must not make its redelivery unrecognisable
 		// after a failed settle.
-		tp.sum = c.sumOf(msg)
+		tp.sum = c.holds.sumOf(msg)
 	}
 	t := *tp
-	if c.nFailedSettles.Load() > 0 {
-		if res, ok := c.holdRedelivery(t); ok {
+	if c.holds.nFailed.Load() > 0 {
+		if res, ok := c.holds.holdRedelivery(t); ok {
 			return res, 0
 		}
 	}
@@ -554,7 +487,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 		// run again on another worker.
 		c.observe(msg, Retried, elapsed)
 		t.retried = true
-		if !c.waitInPlace(t, delay, true) {
+		if !c.holds.waitInPlace(t, delay, true) {
 			c.releaseTask(t) // Run began stopping meanwhile: observed once, as Retried
 			return returned
 		}
@@ -582,13 +515,6 @@ func (c *Consumer) deadLetter(t task, reason dlq.Reason, err error, class ackwis
 	}}, elapsed)
 }
 
-// pendingMove is a move of a message (Nack, DeadLetter) that failed and
-// waits in place to be tried again (see move).
-type pendingMove struct {
-	o  Outcome
-	do func(ctx context.Context) error
-}
-
 // move runs do, a move of t's message to the broker's delay (Nack) or to
 // the dead-letter destination, and settles the message by its result. A
 // move that failed while the message is still this consumer's (its receipt
@@ -614,20 +540,16 @@ func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	}
 	c.observe(msg, SettleFailed, elapsed)
 	t.moves = min(t.moves, 254) + 1
-	pause := min(10*time.Millisecond<<min(t.moves-1, 10), 5*time.Second)
+	pause := backoffAfter(int(t.moves))
 	c.log.Error("settle failed; trying again in place", slog.String("outcome", pm.o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Int("tries", int(t.moves)), slog.Duration("retry_in", pause), slog.Any("error", err))
-	c.detach(msg) // before the lock: a copy of a large payload takes time
+	c.holds.detach(msg) // before the lock: a copy of a large payload takes time
 	c.mu.Lock()
 	if c.stopping.Load() {
 		c.mu.Unlock()
 		c.releaseTask(t) // no new waits during the drain
 		return returned
 	}
-	if c.moves == nil {
-		c.moves = make(map[*ackwise.Message]pendingMove)
-	}
-	c.moves[msg] = pm
-	c.waitLocked(t, pause, false)
+	c.holds.waitMoveLocked(t, pm, pause)
 	if b := c.breaker; b != nil && msg == b.probing {
 		// A probe being moved told nothing about the dependency: probe
 		// with the next held message meanwhile (see probeEndedLocked).
@@ -646,11 +568,7 @@ func (c *Consumer) retryMove(t task) result {
 		c.releaseTask(t)
 		return returned
 	}
-	c.mu.Lock()
-	pm := c.moves[t.msg]
-	delete(c.moves, t.msg)
-	c.mu.Unlock()
-	return c.move(t, pm, 0)
+	return c.move(t, c.holds.takeMove(t.msg), 0)
 }
 
 // settle records the outcome of a settle call: settled, or returned when it
@@ -659,7 +577,7 @@ func (c *Consumer) settle(t task, o Outcome, elapsed time.Duration, err error) r
 	msg := t.msg
 	if err != nil {
 		if !errors.Is(err, adapters.ErrReceiptInvalid) {
-			c.settleFailed(t)
+			c.holds.settleFailed(t)
 			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
 			// Hand the delivery back so it is not stuck unsettled (an AMQP
 			// delivery would hold its prefetch slot until the channel
@@ -669,93 +587,9 @@ func (c *Consumer) settle(t task, o Outcome, elapsed time.Duration, err error) r
 		c.observe(msg, SettleFailed, elapsed)
 		return returned
 	}
-	c.settledOK(t)
+	c.holds.settledOK(t)
 	c.observe(msg, o, elapsed)
 	return settled
-}
-
-// settleFailed remembers msg, whose settle failed: the broker redelivers it
-// at once, and run at once it would likely fail again, in a loop as fast as
-// the broker redelivers, an error logged each time (on Kafka, a partition
-// rewind each time). Its redeliveries wait 10ms, doubling with each failure
-// in a row up to 5s (holdRedelivery). Only this message waits: the others go
-// on at their pace.
-func (c *Consumer) settleFailed(t task) {
-	id := c.idOf(t)
-	now := c.clock.Now()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.failedSettles == nil {
-		c.failedSettles = make(map[msgID]failedSettle)
-	}
-	f, ok := c.failedSettles[id]
-	if !ok && len(c.failedSettles) >= maxFailedSettles {
-		for k := range c.failedSettles {
-			delete(c.failedSettles, k)
-			break
-		}
-	}
-	f.failures++
-	f.notBefore = now.Add(min(10*time.Millisecond<<min(f.failures-1, 10), 5*time.Second))
-	c.failedSettles[id] = f
-	c.nFailedSettles.Store(int32(len(c.failedSettles)))
-}
-
-// settledOK forgets the failed settles of t's message, if any: it is
-// settled.
-func (c *Consumer) settledOK(t task) {
-	if c.nFailedSettles.Load() == 0 {
-		return
-	}
-	id := c.idOf(t)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	delete(c.failedSettles, id)
-	c.nFailedSettles.Store(int32(len(c.failedSettles)))
-}
-
-// holdRedelivery holds t's message in place when it is the redelivery of a
-// message whose settle failed and its delay is not over: it stays in
-// flight, its lane held (its key keeps its order) and its lease extended,
-// and runs when the delay is over, at the same attempt. ok is false when
-// the message may run now.
-func (c *Consumer) holdRedelivery(t task) (res result, ok bool) {
-	id, now := c.idOf(t), c.clock.Now()
-	c.mu.Lock()
-	c.sweepFailedLocked(now)
-	f, found := c.failedSettles[id]
-	c.mu.Unlock()
-	if !found || !now.Before(f.notBefore) {
-		return 0, false
-	}
-	if !c.waitInPlace(t, f.notBefore.Sub(now), false) {
-		c.releaseTask(t)
-		return returned, true
-	}
-	return held, true
-}
-
-// failedSettleTTL is how long past its wait an entry of failedSettles is
-// kept. A message that still fails renews its entry within 5s of its last
-// run; one settled by another consumer (after a rebalance, or a competing
-// consumer of a queue) never comes back here to be forgotten, and while
-// entries are kept every message takes c.mu to look itself up.
-const failedSettleTTL = time.Minute
-
-// sweepFailedLocked drops, at most once per failedSettleTTL, the entries of
-// failedSettles whose wait ended more than failedSettleTTL ago. Called with
-// c.mu held.
-func (c *Consumer) sweepFailedLocked(now time.Time) {
-	if now.Sub(c.failedSwept) < failedSettleTTL {
-		return
-	}
-	c.failedSwept = now
-	for id, f := range c.failedSettles {
-		if now.Sub(f.notBefore) > failedSettleTTL {
-			delete(c.failedSettles, id)
-		}
-	}
-	c.nFailedSettles.Store(int32(len(c.failedSettles)))
 }
 
 func (c *Consumer) observe(msg *ackwise.Message, o Outcome, elapsed time.Duration) {
@@ -777,73 +611,13 @@ func (c *Consumer) release(msg *ackwise.Message) {
 // observed already, as SettleFailed.
 func (c *Consumer) releaseTask(t task) {
 	if t.moves > 0 {
-		c.mu.Lock()
-		delete(c.moves, t.msg)
-		c.mu.Unlock()
+		c.holds.takeMove(t.msg)
 	}
 	if t.retried || t.moves > 0 {
 		_ = c.src.Release(context.Background(), t.msg)
 		return
 	}
 	c.release(t.msg)
-}
-
-// waitInPlace schedules t's message to run again after delay. The message
-// stays in flight and its lane stays held. retry says the wait is for a
-// retry, which runs at the next attempt (a held redelivery runs at the
-// same). It returns false when the consumer is stopping; the caller then
-// releases the message.
-func (c *Consumer) waitInPlace(t task, delay time.Duration, retry bool) bool {
-	c.detach(t.msg)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stopping.Load() {
-		return false
-	}
-	c.waitLocked(t, delay, retry)
-	return true
-}
-
-// waitLocked is waitInPlace once it checked that the consumer is not
-// stopping and detached the message. Called with c.mu held.
-func (c *Consumer) waitLocked(t task, delay time.Duration, retry bool) {
-	if !c.src.Valid(t.msg) {
-		// No longer this consumer's: a worker hands it back now. Checked
-		// under c.mu, so that a wakeInvalid that ran before this wait
-		// began is not missed.
-		c.queueLocked(t)
-		return
-	}
-	if c.waiting == nil {
-		c.waiting = make(map[*ackwise.Message]waitEntry)
-	}
-	c.waiting[t.msg] = waitEntry{timer: c.clock.AfterFunc(delay, func() { c.wake(t, retry) }), t: t}
-}
-
-// detach lets a message that starts waiting keep only its own memory
-// (adapters.Detacher).
-func (c *Consumer) detach(msg *ackwise.Message) {
-	if c.detacher != nil {
-		c.detacher.Detach(msg)
-	}
-}
-
-// wake puts a message whose in-place wait is over back on the work queue,
-// at its next attempt after a retry's wait.
-func (c *Consumer) wake(t task, retry bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.waiting[t.msg]; !ok {
-		return // released by stop
-	}
-	delete(c.waiting, t.msg)
-	if retry && t.msg.Attempt < math.MaxInt {
-		// Saturating: the attempt number may come from a header (a retry
-		// topic's ackwise-attempt, a delivery count), and MaxInt+1 would
-		// wrap to a negative attempt, read as attempt 1.
-		t.msg.Attempt++
-	}
-	c.queueLocked(t)
 }
 
 // wakeInvalid ends the in-place waits of the messages that are no longer
@@ -859,12 +633,7 @@ func (c *Consumer) wakeInvalid() {
 	if c.stopping.Load() {
 		return // stop ends every wait
 	}
-	for msg, w := range c.waiting {
-		if !c.src.Valid(msg) && w.timer.Stop() {
-			delete(c.waiting, msg)
-			c.queueLocked(w.t)
-		}
-	}
+	c.holds.wakeInvalidLocked()
 	if c.breaker != nil {
 		c.breaker.handBackInvalidLocked()
 	}
@@ -876,12 +645,7 @@ func (c *Consumer) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopping.Store(true)
-	for msg, w := range c.waiting {
-		if w.timer.Stop() {
-			delete(c.waiting, msg)
-			c.queueLocked(w.t) // a worker releases it, finishing its lane
-		}
-	}
+	c.holds.stopLocked()
 	if c.breaker != nil {
 		c.breaker.stopLocked()
 	}

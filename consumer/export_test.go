@@ -33,7 +33,7 @@ func Drained(c *Consumer) <-chan struct{} {
 func FailedSettles(c *Consumer) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.failedSettles)
+	return len(c.holds.failed)
 }
 
 // Stopping reports whether c's Run has begun its drain.

@@ -109,7 +109,7 @@ type task struct {
 	sum     uint64
 	retried bool
 	// moves counts the failed tries of a move (Nack, DeadLetter) waiting
-	// in place to be tried again (Consumer.moves holds it); 0: none.
+	// in place to be tried again (holds.moves holds it); 0: none.
 	moves uint8
 }
 
@@ -256,7 +256,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint6
 		ln := c.laneOf(m)
 		if ln != nil && ln.returnedAt > epoch {
 			switch {
-			case c.idOf(task{msg: m}) == ln.returned:
+			case c.holds.idOf(task{msg: m}) == ln.returned:
 				ln.returnedAt = 0 // the redelivery itself: it runs first
 			case !ln.busy:
 				c.inflight--
@@ -620,7 +620,7 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 				w.done = append(w.done, r.msg)
 			}
 			if r.res == returned && r.ln != nil {
-				r.ln.returnedAt, r.ln.returned = c.laneReturns.Add(1), c.idOf(r.task)
+				r.ln.returnedAt, r.ln.returned = c.laneReturns.Add(1), c.holds.idOf(r.task)
 			}
 			if nt, ok := c.finishLocked(r.task); ok {
 				if r.res == returned {
@@ -693,7 +693,7 @@ func (c *Consumer) ackRan(w *workerState) {
 			failed = true
 			r.res = c.settle(r.task, Acked, r.elapsed, errs[i])
 		} else {
-			c.settledOK(r.task)
+			c.holds.settledOK(r.task)
 			if c.cfg.Observer == nil {
 				acked++ // counted at once below
 			} else {
