@@ -57,10 +57,7 @@ type Consumer struct {
 
 	mu          sync.Mutex
 	inflight    int
-	keyLanes    map[string]*lane  // OrderKey
-	partLanes   map[partKey]*lane // OrderPartition
-	laneLimit   int               // lanes kept before idle ones are dropped
-	freeLanes   []*lane
+	lanes       lanes
 	freeChunks  []*chunk
 	dispatchCh  chunk         // dispatch's, by the receive loop, reset by recycleLocked
 	space       chan struct{} // signalled when in-flight drops below the limit
@@ -72,11 +69,6 @@ type Consumer struct {
 	settleCtx   context.Context // set by Run before its goroutines start
 	handlerCtx  context.Context // set by Run before its goroutines start
 	dispatchBuf []*chunk        // dispatch's scratch, owned by the receive loop
-
-	// laneReturns counts the messages of lanes that went back to the broker
-	// unsettled (lane.returnedAt); written under mu, read by the receive
-	// loop without it.
-	laneReturns atomic.Uint64
 }
 
 // New creates a consumer that runs h on the messages of src. It validates
@@ -112,13 +104,7 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		space:    make(chan struct{}, 1),
 	}
 	c.holds = holds{c: c, seed: maphash.MakeSeed()}
-	switch cfg.Ordering {
-	case OrderKey:
-		c.keyLanes = make(map[string]*lane)
-	case OrderPartition:
-		c.partLanes = make(map[partKey]*lane)
-	}
-	c.laneLimit = max(4*cfg.MaxInFlight, minLaneLimit)
+	c.lanes.init(cfg.Ordering, cfg.MaxInFlight)
 	switch cfg.RetryMode {
 	case RetryBroker:
 		if !caps.Delay {
@@ -305,7 +291,7 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		if free == 0 {
 			return nil
 		}
-		epoch := c.laneReturns.Load()
+		epoch := c.lanes.returns.Load()
 		n, err := c.src.Receive(ctx, buf[:min(free, len(buf))])
 		if n > 0 {
 			failures = 0

@@ -50,48 +50,7 @@ const (
 	fastBelow   = 10 * time.Microsecond
 	slowAbove   = 20 * time.Microsecond
 	sampleCap   = 100 * time.Microsecond
-
-	// minLaneLimit is the fewest lanes kept (idle ones included) before the
-	// idle ones are dropped; the limit is 4 × MaxInFlight when larger.
-	minLaneLimit = 1024
 )
-
-// partKey names the lane of a partition (OrderPartition).
-type partKey struct {
-	source    string
-	partition int32
-}
-
-// lane holds the messages of one key (or partition) that wait for the one in
-// flight. An idle lane stays in its map, so that the next message of its key
-// finds it without a map insert, until the map holds laneLimit lanes.
-type lane struct {
-	queue []*ackwise.Message
-	head  int
-	busy  bool // a message of the lane is in flight and not finished
-	// returnedAt is Consumer.laneReturns when a message of the lane last
-	// went back to the broker unsettled (0: never), and returned that
-	// message's identity. Another message received before that, but
-	// dispatched after, would overtake its redelivery: dispatch releases
-	// it too (see dispatch).
-	returnedAt uint64
-	returned   msgID
-}
-
-// push queues m behind the lane's message in flight. A lane that stays busy
-// through a backlog never resets its queue (finishLocked does when it goes
-// idle), so the messages still waiting are moved to the front before the
-// queue would grow: its room stays within twice the messages waiting (fewer
-// than MaxInFlight), not one slot per message ever queued (invariant 6).
-// Called with Consumer.mu held.
-func (ln *lane) push(m *ackwise.Message) {
-	if ln.head > 0 && len(ln.queue) == cap(ln.queue) {
-		n := copy(ln.queue, ln.queue[ln.head:])
-		clear(ln.queue[n:])
-		ln.queue, ln.head = ln.queue[:n], 0
-	}
-	ln.queue = append(ln.queue, m)
-}
 
 // task is an in-flight message on its way to a handler, with its lane (nil
 // when the message is not ordered). sum is the content hash of a message
@@ -220,12 +179,12 @@ func monotime() time.Duration { return time.Since(epoch) }
 // ones inline or hands them to the workers, in chunks sent after the lock
 // is released. w is the receive loop's worker state, for inline runs.
 //
-// epoch is c.laneReturns as the Receive that returned msgs began: a message
+// epoch is c.lanes.returns as the Receive that returned msgs began: a message
 // whose lane had a message go back to the broker since then may have been
 // received before that release, and would run ahead of the redelivery of
 // the message it follows. Unless it is that redelivery, it is released too,
 // unrun, and the broker redelivers it after that message (lanes dropped at
-// laneLimit forget this; see newLaneLocked).
+// lanes.limit forget this; see lanes.newLocked).
 func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
 	now := time.Time{}
 	if c.leases.on {
@@ -253,7 +212,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint6
 		if m.Attempt < 1 {
 			m.Attempt = 1
 		}
-		ln := c.laneOf(m)
+		ln := c.lanes.ofLocked(m)
 		if ln != nil && ln.returnedAt > epoch {
 			switch {
 			case c.holds.idOf(task{msg: m}) == ln.returned:
@@ -381,59 +340,6 @@ func forget[T any](c *Consumer, s []T) {
 	if c.recycler == nil {
 		clear(s)
 	}
-}
-
-// laneOf returns msg's lane, creating it, or nil when msg is not ordered.
-// Called with c.mu held.
-func (c *Consumer) laneOf(msg *ackwise.Message) *lane {
-	switch c.cfg.Ordering {
-	case OrderKey:
-		if msg.Key == "" {
-			return nil
-		}
-		if ln := c.keyLanes[msg.Key]; ln != nil {
-			return ln
-		}
-		ln := c.newLaneLocked()
-		c.keyLanes[msg.Key] = ln
-		return ln
-	case OrderPartition:
-		k := partKey{msg.Source, msg.Partition}
-		if ln := c.partLanes[k]; ln != nil {
-			return ln
-		}
-		ln := c.newLaneLocked()
-		c.partLanes[k] = ln
-		return ln
-	}
-	return nil
-}
-
-func (c *Consumer) newLaneLocked() *lane {
-	if len(c.keyLanes)+len(c.partLanes) >= c.laneLimit {
-		// Drop the idle lanes. At most MaxInFlight are busy, so this runs
-		// once per laneLimit-MaxInFlight new lanes at most.
-		for k, ln := range c.keyLanes {
-			if !ln.busy {
-				delete(c.keyLanes, k)
-				c.freeLanes = append(c.freeLanes, ln)
-			}
-		}
-		for k, ln := range c.partLanes {
-			if !ln.busy {
-				delete(c.partLanes, k)
-				c.freeLanes = append(c.freeLanes, ln)
-			}
-		}
-	}
-	if n := len(c.freeLanes); n > 0 {
-		ln := c.freeLanes[n-1]
-		c.freeLanes[n-1] = nil
-		c.freeLanes = c.freeLanes[:n-1]
-		ln.returnedAt = 0 // another key's
-		return ln
-	}
-	return &lane{}
 }
 
 func (c *Consumer) worker(ctx context.Context, w *workerState, quit <-chan struct{}) {
@@ -620,7 +526,7 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 				w.done = append(w.done, r.msg)
 			}
 			if r.res == returned && r.ln != nil {
-				r.ln.returnedAt, r.ln.returned = c.laneReturns.Add(1), c.holds.idOf(r.task)
+				r.ln.returnedAt, r.ln.returned = c.lanes.returns.Add(1), c.holds.idOf(r.task)
 			}
 			if nt, ok := c.finishLocked(r.task); ok {
 				if r.res == returned {
@@ -724,20 +630,11 @@ func (c *Consumer) finishLocked(t task) (task, bool) {
 	if b := c.breaker; b != nil && t.msg == b.probing {
 		b.probeEndedLocked()
 	}
-	ln := t.ln
-	if ln == nil {
+	if t.ln == nil {
 		return task{}, false
 	}
-	if ln.head < len(ln.queue) {
-		next := ln.queue[ln.head]
-		ln.queue[ln.head] = nil
-		ln.head++
-		return task{msg: next, ln: ln}, true
-	}
-	ln.busy = false
-	ln.queue, ln.head = ln.queue[:0], 0
-	if cap(ln.queue) > 16 {
-		ln.queue = nil
+	if next := t.ln.next(); next != nil {
+		return task{msg: next, ln: t.ln}, true
 	}
 	return task{}, false
 }
@@ -763,7 +660,7 @@ func (c *Consumer) finishOne(t task, remark bool) (task, bool) {
 	c.mu.Lock()
 	next, ok := c.finishLocked(t)
 	if !ok && remark && t.ln != nil {
-		t.ln.returnedAt = c.laneReturns.Add(1)
+		t.ln.returnedAt = c.lanes.returns.Add(1)
 	}
 	c.finishedLocked()
 	recycle := c.recycler != nil && !c.leases.holdsLocked(t.msg)

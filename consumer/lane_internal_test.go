@@ -112,10 +112,10 @@ func TestLaneQueueStaysBoundedWhileBusy(t *testing.T) {
 				// goes idle before the end of the backlog.
 				src.awaitDelivered(min(total, i+inflight))
 				c.mu.Lock()
-				for _, ln := range c.keyLanes {
+				for _, ln := range c.lanes.byKey {
 					maxCap = max(maxCap, cap(ln.queue))
 				}
-				for _, ln := range c.partLanes {
+				for _, ln := range c.lanes.byPart {
 					maxCap = max(maxCap, cap(ln.queue))
 				}
 				c.mu.Unlock()
@@ -167,14 +167,14 @@ func TestLanesStayBoundedOverManyKeys(t *testing.T) {
 			go func() { errc <- c.Run(ctx) }()
 			src.awaitAcked(src.total)
 			c.mu.Lock()
-			lanes, free := len(c.keyLanes)+len(c.partLanes), len(c.freeLanes)
+			lanes, free := len(c.lanes.byKey)+len(c.lanes.byPart), len(c.lanes.free)
 			c.mu.Unlock()
 			cancel()
 			if err := <-errc; err != nil {
 				t.Fatal(err)
 			}
-			if lanes+free > c.laneLimit {
-				t.Fatalf("%d lanes kept (%d in the map, %d free) after %d keys: more than the limit %d", lanes+free, lanes, free, src.total, c.laneLimit)
+			if lanes+free > c.lanes.limit {
+				t.Fatalf("%d lanes kept (%d in the map, %d free) after %d keys: more than the limit %d", lanes+free, lanes, free, src.total, c.lanes.limit)
 			}
 		})
 	}
