@@ -137,7 +137,7 @@ func (b *breakerState) success() {
 	b.probing = nil
 	b.stopProbe()
 	c.log.Info("breaker closed: dependency answered again; resuming", slog.Int("held", len(b.held)))
-	c.queueLocked(b.held...)
+	c.pool.queueLocked(b.held...)
 	clear(b.held)
 	b.held = b.held[:0]
 	c.signalSpace()
@@ -174,7 +174,7 @@ func (b *breakerState) failure(t task, after time.Duration) bool {
 		// No longer this consumer's (a Kafka revoke, a dead RabbitMQ
 		// channel), perhaps since before a wakeInvalid that could not see
 		// it held: a worker hands it back now, as waitLocked does.
-		c.queueLocked(t)
+		c.pool.queueLocked(t)
 	} else {
 		b.held = append(b.held, t)
 	}
@@ -207,7 +207,7 @@ func (b *breakerState) handBackInvalidLocked() {
 		if c.src.Valid(t.msg) {
 			kept = append(kept, t)
 		} else {
-			c.queueLocked(t)
+			c.pool.queueLocked(t)
 		}
 	}
 	if len(kept) == len(b.held) {
@@ -278,7 +278,7 @@ func (b *breakerState) runProbe(gen uint64) {
 	t := b.held[0]
 	b.held = b.held[1:]
 	b.probing = t.msg
-	c.queueLocked(t)
+	c.pool.queueLocked(t)
 }
 
 // stopLocked ends the breaker's part in a Run that stops: the probe timer
@@ -286,7 +286,7 @@ func (b *breakerState) runProbe(gen uint64) {
 // next Run starts with the breaker closed. Caller holds c.mu.
 func (b *breakerState) stopLocked() {
 	b.stopProbe()
-	b.c.queueLocked(b.held...)
+	b.c.pool.queueLocked(b.held...)
 	b.held = nil
 	b.open, b.probing = false, nil
 	clear(b.keys)

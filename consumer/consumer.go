@@ -45,30 +45,20 @@ type Consumer struct {
 	stats    counters
 	running  atomic.Bool
 
-	// work carries chunks of tasks ready to run. Its capacity is
-	// MaxInFlight and every chunk on it holds at least one in-flight message
-	// that no other chunk holds, so sends never block.
-	work chan *chunk
-	// slots holds a token per handler running: Concurrency at most, between
-	// the workers and the receive loop running messages inline.
-	slots   chan struct{}
-	workers []*workerState // set by Run before its goroutines start
-	pace    pace
+	pool pool
+	pace pace
 
-	mu          sync.Mutex
-	inflight    int
-	lanes       lanes
-	freeChunks  []*chunk
-	dispatchCh  chunk         // dispatch's, by the receive loop, reset by recycleLocked
-	space       chan struct{} // signalled when in-flight drops below the limit
-	stopping    atomic.Bool   // written under mu, read without it
-	drained     chan struct{} // closed when in-flight reaches 0 while stopping
-	holds       holds
-	leases      leases
-	breaker     *breakerState
-	settleCtx   context.Context // set by Run before its goroutines start
-	handlerCtx  context.Context // set by Run before its goroutines start
-	dispatchBuf []*chunk        // dispatch's scratch, owned by the receive loop
+	mu         sync.Mutex
+	inflight   int
+	lanes      lanes
+	space      chan struct{} // signalled when in-flight drops below the limit
+	stopping   atomic.Bool   // written under mu, read without it
+	drained    chan struct{} // closed when in-flight reaches 0 while stopping
+	holds      holds
+	leases     leases
+	breaker    *breakerState
+	settleCtx  context.Context // set by Run before its goroutines start
+	handlerCtx context.Context // set by Run before its goroutines start
 }
 
 // New creates a consumer that runs h on the messages of src. It validates
@@ -103,6 +93,7 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		log:      cfg.Logger.With(slog.String("consumer", cfg.Name)),
 		space:    make(chan struct{}, 1),
 	}
+	c.pool.c = c
 	c.holds = holds{c: c, seed: maphash.MakeSeed()}
 	c.lanes.init(cfg.Ordering, cfg.MaxInFlight)
 	switch cfg.RetryMode {
@@ -197,8 +188,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.stopping.Store(false)
 	c.drained = make(chan struct{})
 	c.mu.Unlock()
-	c.work = make(chan *chunk, c.cfg.MaxInFlight)
-	c.slots = make(chan struct{}, c.cfg.Concurrency)
+	c.pool.work = make(chan *chunk, c.cfg.MaxInFlight)
+	c.pool.slots = make(chan struct{}, c.cfg.Concurrency)
 	c.pace.reset()
 	if inv, ok := c.src.(adapters.Invalidator); ok {
 		inv.OnInvalid(c.wakeInvalid)
@@ -208,22 +199,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hbQuit := make(chan struct{}) // the heartbeat, which may outlive them
 	var workers sync.WaitGroup
 	// The last worker state is the receive loop's, for inline runs.
-	c.workers = make([]*workerState, c.cfg.Concurrency+1)
-	for i := range c.workers {
-		c.workers[i] = &workerState{}
+	c.pool.workers = make([]*workerState, c.cfg.Concurrency+1)
+	for i := range c.pool.workers {
+		c.pool.workers[i] = &workerState{}
 	}
-	for _, w := range c.workers[:c.cfg.Concurrency] {
+	for _, w := range c.pool.workers[:c.cfg.Concurrency] {
 		workers.Add(1)
 		go func() {
 			defer workers.Done()
-			c.worker(handlerCtx, w, quit)
+			c.pool.run(handlerCtx, w, quit)
 		}()
 	}
 	var hb sync.WaitGroup
 	hb.Add(1)
 	go func() {
 		defer hb.Done()
-		c.stallWatch(quit)
+		c.pool.stallWatch(quit)
 	}()
 	if c.leases.on {
 		hb.Add(1)
@@ -238,7 +229,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	recvDone := make(chan error, 1)
 	go func() {
 		defer workers.Done()
-		recvDone <- c.receiveLoop(ctx, c.workers[c.cfg.Concurrency])
+		recvDone <- c.receiveLoop(ctx, c.pool.workers[c.cfg.Concurrency])
 	}()
 	var recvErr error
 	recvEnded := false
@@ -259,7 +250,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// messages keep their leases until then: a handler that returns
 		// late still has its message settled, and meanwhile the broker
 		// must not deliver it to another consumer.
-		c.releaseQueued()
+		c.pool.releaseQueued()
 		go func() {
 			workers.Wait()
 			close(hbQuit)
@@ -296,7 +287,7 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 		if n > 0 {
 			failures = 0
 			c.stats.received.Add(uint64(n))
-			c.dispatch(buf[:n], w, epoch)
+			c.pool.dispatch(buf[:n], w, epoch)
 			forget(c, buf[:n])
 		} else if err == nil && ctx.Err() == nil {
 			// The contract says Receive blocks for at least one message;

@@ -52,6 +52,30 @@ const (
 	sampleCap   = 100 * time.Microsecond
 )
 
+// pool is the engine's workers and what they share: the work queue, the
+// handler slots, each worker's state and the chunks that carry tasks to
+// them. dispatch puts the ready messages on it, the workers (and the
+// receive loop, inline) run them, ack the successes and finish them. Its
+// chunk pool (freeChunks) is guarded by Consumer.mu, which it shares with
+// the rest of the engine: a task is queued to the workers under the same
+// lock as its lane and in-flight place are taken. Methods named ...Locked
+// require the caller to hold c.mu.
+type pool struct {
+	c *Consumer
+	// work carries chunks of tasks ready to run. Its capacity is
+	// MaxInFlight and every chunk on it holds at least one in-flight message
+	// that no other chunk holds, so sends never block.
+	work chan *chunk
+	// slots holds a token per handler running: Concurrency at most, between
+	// the workers and the receive loop running messages inline.
+	slots   chan struct{}
+	workers []*workerState // set by Run before its goroutines start
+
+	freeChunks  []*chunk
+	dispatchCh  chunk    // dispatch's, by the receive loop, reset by recycleLocked
+	dispatchBuf []*chunk // dispatch's scratch, owned by the receive loop
+}
+
 // task is an in-flight message on its way to a handler, with its lane (nil
 // when the message is not ordered). sum is the content hash of a message
 // without a broker ID as it was received (see msgID), taken by process
@@ -185,7 +209,8 @@ func monotime() time.Duration { return time.Since(epoch) }
 // the message it follows. Unless it is that redelivery, it is released too,
 // unrun, and the broker redelivers it after that message (lanes dropped at
 // lanes.limit forget this; see lanes.newLocked).
-func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
+func (p *pool) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
+	c := p.c
 	now := time.Time{}
 	if c.leases.on {
 		now = c.clock.Now()
@@ -207,7 +232,7 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint6
 	// The ready tasks go straight into the dispatch chunk, kept for
 	// dispatch alone (ReceiveBatch tasks long): run inline, it is the
 	// chunk; handed off, it is cut into one chunk per worker.
-	all := &c.dispatchCh
+	all := &p.dispatchCh
 	for _, m := range msgs {
 		if m.Attempt < 1 {
 			m.Attempt = 1
@@ -242,34 +267,35 @@ func (c *Consumer) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint6
 	}
 	if len(all.tasks) > 0 && c.pace.mode.Load() == modeInline {
 		select {
-		case c.slots <- struct{}{}:
+		case p.slots <- struct{}{}:
 			c.mu.Unlock()
-			c.releaseLate(late)
+			p.releaseLate(late)
 			for ch := all; ch != nil; {
-				ch = c.runChunk(c.handlerCtx, w, ch)
+				ch = p.runChunk(c.handlerCtx, w, ch)
 			}
-			<-c.slots
+			<-p.slots
 			return
 		default: // every slot is taken: hand off
 		}
 	}
-	chunks := c.dispatchBuf[:0]
-	c.splitLocked(all.tasks, func(ch *chunk) { chunks = append(chunks, ch) })
-	c.recycleLocked(all)
+	chunks := p.dispatchBuf[:0]
+	p.splitLocked(all.tasks, func(ch *chunk) { chunks = append(chunks, ch) })
+	p.recycleLocked(all)
 	c.mu.Unlock()
-	c.releaseLate(late)
+	p.releaseLate(late)
 	// The work queue has room for MaxInFlight chunks and every chunk holds
 	// an in-flight message: these sends never block.
 	for _, ch := range chunks {
-		c.work <- ch
+		p.work <- ch
 	}
 	clear(chunks) // pooled chunks, but few: one per worker at most
-	c.dispatchBuf = chunks
+	p.dispatchBuf = chunks
 }
 
 // releaseLate hands back the messages dispatch found late (see dispatch),
 // never run, and recycles them.
-func (c *Consumer) releaseLate(late []*ackwise.Message) {
+func (p *pool) releaseLate(late []*ackwise.Message) {
+	c := p.c
 	if len(late) == 0 {
 		return
 	}
@@ -283,7 +309,8 @@ func (c *Consumer) releaseLate(late []*ackwise.Message) {
 
 // chunkSize is the number of tasks per chunk when n are ready: one when
 // handlers are slow; otherwise enough to give every worker a chunk.
-func (c *Consumer) chunkSize(n int) int {
+func (p *pool) chunkSize(n int) int {
+	c := p.c
 	if c.pace.mode.Load() == modeSingle {
 		return 1
 	}
@@ -291,37 +318,38 @@ func (c *Consumer) chunkSize(n int) int {
 }
 
 // queueLocked hands tasks to the workers. Called with c.mu held.
-func (c *Consumer) queueLocked(ts ...task) {
-	c.splitLocked(ts, func(ch *chunk) { c.work <- ch })
+func (p *pool) queueLocked(ts ...task) {
+	p.splitLocked(ts, func(ch *chunk) { p.work <- ch })
 }
 
 // splitLocked cuts ts into chunks of chunkSize tasks and passes each to
 // emit. Called with c.mu held.
-func (c *Consumer) splitLocked(ts []task, emit func(*chunk)) {
-	size := c.chunkSize(len(ts))
+func (p *pool) splitLocked(ts []task, emit func(*chunk)) {
+	size := p.chunkSize(len(ts))
 	for len(ts) > 0 {
 		k := min(size, len(ts))
-		ch := c.newChunkLocked()
+		ch := p.newChunkLocked()
 		ch.tasks = append(ch.tasks, ts[:k]...)
 		emit(ch)
 		ts = ts[k:]
 	}
 }
 
-func (c *Consumer) newChunkLocked() *chunk {
-	if n := len(c.freeChunks); n > 0 {
-		ch := c.freeChunks[n-1]
-		c.freeChunks[n-1] = nil
-		c.freeChunks = c.freeChunks[:n-1]
+func (p *pool) newChunkLocked() *chunk {
+	if n := len(p.freeChunks); n > 0 {
+		ch := p.freeChunks[n-1]
+		p.freeChunks[n-1] = nil
+		p.freeChunks = p.freeChunks[:n-1]
 		return ch
 	}
 	return &chunk{}
 }
 
-func (c *Consumer) recycleLocked(ch *chunk) {
+func (p *pool) recycleLocked(ch *chunk) {
+	c := p.c
 	forget(c, ch.tasks)
 	ch.tasks = ch.tasks[:0]
-	if ch == &c.dispatchCh {
+	if ch == &p.dispatchCh {
 		ch.next.Store(0)
 		return // dispatch's own: not pooled, its room kept
 	}
@@ -329,7 +357,7 @@ func (c *Consumer) recycleLocked(ch *chunk) {
 		ch.tasks = nil
 	}
 	ch.next.Store(0)
-	c.freeChunks = append(c.freeChunks, ch)
+	p.freeChunks = append(p.freeChunks, ch)
 }
 
 // forget clears s, which points at finished messages (and their lanes)
@@ -342,35 +370,36 @@ func forget[T any](c *Consumer, s []T) {
 	}
 }
 
-func (c *Consumer) worker(ctx context.Context, w *workerState, quit <-chan struct{}) {
+func (p *pool) run(ctx context.Context, w *workerState, quit <-chan struct{}) {
 	for {
 		var ch *chunk
 		select {
-		case ch = <-c.work:
+		case ch = <-p.work:
 		case <-quit:
 			return
 		}
 		// Visible to releaseQueued while it waits for a slot.
 		w.active.Store(ch)
 		select {
-		case c.slots <- struct{}{}:
+		case p.slots <- struct{}{}:
 		case <-quit:
 			// After the drain deadline. releaseQueued may have looked at
 			// the workers before ch was taken off the work queue: release
 			// what it has not claimed.
-			c.releaseChunk(w, ch, false)
+			p.releaseChunk(w, ch, false)
 			return
 		}
 		for ch != nil {
-			ch = c.runChunk(ctx, w, ch)
+			ch = p.runChunk(ctx, w, ch)
 		}
-		<-c.slots
+		<-p.slots
 	}
 }
 
 // runChunk runs the tasks of ch, acks and finishes them. It returns a chunk
 // of the next messages of their lanes, for the caller to run next, or nil.
-func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chunk {
+func (p *pool) runChunk(ctx context.Context, w *workerState, ch *chunk) *chunk {
+	c := p.c
 	w.active.Store(ch)
 	single := c.pace.mode.Load() == modeSingle
 	start := monotime()
@@ -381,12 +410,12 @@ func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chu
 			break
 		}
 		if single && !ch.exhausted() {
-			c.spread(ch)
+			p.spread(ch)
 		}
 		n++
-		p := w.progress.Add(1) // odd: in a handler; the stall watch may take w.ran
+		prog := w.progress.Add(1) // odd: in a handler; the stall watch may take w.ran
 		res, elapsed := c.process(ctx, &t)
-		for !w.progress.CompareAndSwap(p, p+1) {
+		for !w.progress.CompareAndSwap(prog, prog+1) {
 			runtime.Gosched() // the stall watch is taking w.ran: a few instructions
 		}
 		if res != held {
@@ -398,8 +427,8 @@ func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chu
 			start, n = now, 0
 			single = c.pace.mode.Load() == modeSingle
 			if len(w.ran) > 0 {
-				if next := c.finishRan(w, nil); next != nil {
-					c.handOff(next)
+				if next := p.finishRan(w, nil); next != nil {
+					p.handOff(next)
 				}
 			}
 		}
@@ -407,7 +436,7 @@ func (c *Consumer) runChunk(ctx context.Context, w *workerState, ch *chunk) *chu
 	if n > 0 {
 		c.pace.sample(monotime()-start, n)
 	}
-	return c.finishRan(w, ch)
+	return p.finishRan(w, ch)
 }
 
 // stallAfter is how long a worker may run one message of a batch before the
@@ -423,10 +452,11 @@ const stallAfter = 2 * time.Millisecond
 // hands those to the workers one by one (spread) and falls back to single
 // mode: handlers are not uniformly fast. If the worker is inside a handler
 // and has finished messages waiting, it acks and finishes them itself.
-func (c *Consumer) stallWatch(quit <-chan struct{}) {
+func (p *pool) stallWatch(quit <-chan struct{}) {
+	c := p.c
 	t := time.NewTicker(stallAfter)
 	defer t.Stop()
-	seen := make([]uint64, len(c.workers))
+	seen := make([]uint64, len(p.workers))
 	var taken [][]ran
 	for {
 		select {
@@ -437,32 +467,32 @@ func (c *Consumer) stallWatch(quit <-chan struct{}) {
 		// Under mu: a worker clears its active chunk under mu before the
 		// chunk is recycled.
 		c.mu.Lock()
-		for i, w := range c.workers {
-			p := w.progress.Load()
-			stalled := p == seen[i]
-			seen[i] = p
+		for i, w := range p.workers {
+			prog := w.progress.Load()
+			stalled := prog == seen[i]
+			seen[i] = prog
 			if !stalled {
 				continue
 			}
 			if ch := w.active.Load(); ch != nil && !ch.exhausted() && !c.stopping.Load() {
 				c.pace.slow()
-				c.spreadLocked(ch)
+				p.spreadLocked(ch)
 			}
 			// Stuck in a handler with finished messages not acked yet:
 			// ack and finish them here, so that they do not wait for it.
-			if p%2 == 1 && w.progress.CompareAndSwap(p, p|takenBit) {
+			if prog%2 == 1 && w.progress.CompareAndSwap(prog, prog|takenBit) {
 				if len(w.ran) > 0 {
 					taken = append(taken, w.ran)
 					w.ran = nil
 				}
-				w.progress.Store(p)
+				w.progress.Store(prog)
 			}
 		}
 		c.mu.Unlock()
 		for i, rs := range taken {
 			tmp := workerState{ran: rs}
-			if next := c.finishRan(&tmp, nil); next != nil {
-				c.handOff(next)
+			if next := p.finishRan(&tmp, nil); next != nil {
+				p.handOff(next)
 			}
 			taken[i] = nil
 		}
@@ -475,14 +505,16 @@ const takenBit = 1 << 63
 
 // spread hands the tasks of ch not yet claimed to the workers one by one:
 // the handlers are slow, and other workers may be idle.
-func (c *Consumer) spread(ch *chunk) {
+func (p *pool) spread(ch *chunk) {
+	c := p.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.spreadLocked(ch)
+	p.spreadLocked(ch)
 }
 
 // spreadLocked is spread with c.mu held.
-func (c *Consumer) spreadLocked(ch *chunk) {
+func (p *pool) spreadLocked(ch *chunk) {
+	c := p.c
 	if c.stopping.Load() {
 		// Draining: the owner releases them (workers may stop taking work).
 		return
@@ -492,21 +524,21 @@ func (c *Consumer) spreadLocked(ch *chunk) {
 		if !ok {
 			return
 		}
-		nc := c.newChunkLocked()
+		nc := p.newChunkLocked()
 		nc.tasks = append(nc.tasks, t)
-		c.work <- nc
+		p.work <- nc
 	}
 }
 
 // handOff gives next, lane successors found in the middle of a chunk, to the
 // workers; during the drain it releases them at once instead, since workers
 // may have stopped taking work.
-func (c *Consumer) handOff(next *chunk) {
-	if !c.stopping.Load() {
-		c.work <- next
+func (p *pool) handOff(next *chunk) {
+	if !p.c.stopping.Load() {
+		p.work <- next
 		return
 	}
-	c.releaseChunk(nil, next, false)
+	p.releaseChunk(nil, next, false)
 }
 
 // finishRan acks the successes among the messages w ran, then finishes them
@@ -516,8 +548,9 @@ func (c *Consumer) handOff(next *chunk) {
 //
 // The messages behind a returned message in its lane are released, not
 // run: the broker redelivers them after it, so its key keeps its order.
-func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
-	c.ackRan(w)
+func (p *pool) finishRan(w *workerState, done *chunk) *chunk {
+	c := p.c
+	p.ackRan(w)
 	c.mu.Lock()
 	var next, drop *chunk
 	if len(w.ran) > 0 {
@@ -531,13 +564,13 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 			if nt, ok := c.finishLocked(r.task); ok {
 				if r.res == returned {
 					if drop == nil {
-						drop = c.newChunkLocked()
+						drop = p.newChunkLocked()
 					}
 					drop.tasks = append(drop.tasks, nt)
 					continue
 				}
 				if next == nil {
-					next = c.newChunkLocked()
+					next = p.newChunkLocked()
 				}
 				next.tasks = append(next.tasks, nt)
 			}
@@ -548,7 +581,7 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 	}
 	if done != nil {
 		w.active.Store(nil)
-		c.recycleLocked(done)
+		p.recycleLocked(done)
 	}
 	c.mu.Unlock()
 	if len(w.done) > 0 {
@@ -560,14 +593,15 @@ func (c *Consumer) finishRan(w *workerState, done *chunk) *chunk {
 		// Their lanes stay busy until the last message queued is released:
 		// one received meanwhile is queued, and released too, and the lane
 		// is marked again as it goes idle (see finishOne).
-		c.releaseChunk(nil, drop, true)
+		p.releaseChunk(nil, drop, true)
 	}
 	return next
 }
 
 // ackRan acks the messages of w.ran whose handlers succeeded: in one
 // batch when the source acks batches.
-func (c *Consumer) ackRan(w *workerState) {
+func (p *pool) ackRan(w *workerState) {
+	c := p.c
 	if c.acker == nil {
 		for i := range w.ran {
 			if r := &w.ran[i]; r.res == succeeded {
@@ -682,7 +716,8 @@ func (c *Consumer) releaseLane(t task, remark bool) {
 // releaseChunk releases the tasks of ch that nobody claimed, with the
 // messages behind them in their lanes, and recycles ch. w, when not nil, is
 // the worker whose active chunk ch is; remark as for finishOne.
-func (c *Consumer) releaseChunk(w *workerState, ch *chunk, remark bool) {
+func (p *pool) releaseChunk(w *workerState, ch *chunk, remark bool) {
+	c := p.c
 	for t, ok := ch.claim(); ok; t, ok = ch.claim() {
 		c.releaseLane(t, remark)
 	}
@@ -690,7 +725,7 @@ func (c *Consumer) releaseChunk(w *workerState, ch *chunk, remark bool) {
 	if w != nil {
 		w.active.Store(nil)
 	}
-	c.recycleLocked(ch)
+	p.recycleLocked(ch)
 	c.mu.Unlock()
 }
 
@@ -698,10 +733,11 @@ func (c *Consumer) releaseChunk(w *workerState, ch *chunk, remark bool) {
 // started: those of the chunks on the work queue, those stuck workers (or
 // the receive loop) have not claimed from their chunks, and every message
 // behind them in their lanes.
-func (c *Consumer) releaseQueued() {
+func (p *pool) releaseQueued() {
+	c := p.c
 	var ts []task
 	c.mu.Lock()
-	for _, w := range c.workers {
+	for _, w := range p.workers {
 		if ch := w.active.Load(); ch != nil {
 			for t, ok := ch.claim(); ok; t, ok = ch.claim() {
 				ts = append(ts, t)
@@ -711,12 +747,12 @@ func (c *Consumer) releaseQueued() {
 	c.mu.Unlock()
 	for drained := false; !drained; {
 		select {
-		case ch := <-c.work:
+		case ch := <-p.work:
 			for t, ok := ch.claim(); ok; t, ok = ch.claim() {
 				ts = append(ts, t)
 			}
 			c.mu.Lock()
-			c.recycleLocked(ch)
+			p.recycleLocked(ch)
 			c.mu.Unlock()
 		default:
 			drained = true

@@ -250,7 +250,7 @@ func (h *holds) waitLocked(t task, delay time.Duration, retry bool) {
 		// No longer this consumer's: a worker hands it back now. Checked
 		// under c.mu, so that a wakeInvalid that ran before this wait
 		// began is not missed.
-		c.queueLocked(t)
+		c.pool.queueLocked(t)
 		return
 	}
 	if h.waiting == nil {
@@ -282,7 +282,7 @@ func (h *holds) wake(t task, retry bool) {
 		// wrap to a negative attempt, read as attempt 1.
 		t.msg.Attempt++
 	}
-	h.c.queueLocked(t)
+	h.c.pool.queueLocked(t)
 }
 
 // wakeInvalidLocked ends the waits of the messages that are no longer
@@ -291,7 +291,7 @@ func (h *holds) wakeInvalidLocked() {
 	for msg, w := range h.waiting {
 		if !h.c.src.Valid(msg) && w.timer.Stop() {
 			delete(h.waiting, msg)
-			h.c.queueLocked(w.t)
+			h.c.pool.queueLocked(w.t)
 		}
 	}
 }
@@ -302,7 +302,7 @@ func (h *holds) stopLocked() {
 	for msg, w := range h.waiting {
 		if w.timer.Stop() {
 			delete(h.waiting, msg)
-			h.c.queueLocked(w.t)
+			h.c.pool.queueLocked(w.t)
 		}
 	}
 }
