@@ -40,16 +40,6 @@ const (
 	// flushEvery-1 messages after it in its chunk before it is acked and
 	// its lane and in-flight slot are freed.
 	flushEvery = 8
-
-	// Pace thresholds on the average run time of a message, with
-	// hysteresis. Samples are capped at sampleCap, so that one outlier (a
-	// preempted worker, a lone slow message) does not make the pace slow;
-	// two in a row do.
-	inlineBelow = 500 * time.Nanosecond
-	inlineAbove = time.Microsecond
-	fastBelow   = 10 * time.Microsecond
-	slowAbove   = 20 * time.Microsecond
-	sampleCap   = 100 * time.Microsecond
 )
 
 // pool is the engine's workers and what they share: the work queue, the
@@ -135,69 +125,6 @@ type ran struct {
 	elapsed time.Duration
 	res     result // succeeded: ack before finishing; returned: release the lane behind it
 }
-
-// pace tells how long a message takes to run and picks the hand-off.
-type pace struct {
-	avg   atomic.Int64 // moving average of a message's run time, ns
-	mode  atomic.Int32
-	fixed bool // the mode is pinned (tests); set before Run
-}
-
-const (
-	modeSingle int32 = iota
-	modeBatch
-	modeInline
-)
-
-// reset starts single: a slow handler is never batched before it was timed.
-func (p *pace) reset() {
-	if p.fixed {
-		return
-	}
-	p.avg.Store(int64(slowAbove))
-	p.mode.Store(modeSingle)
-}
-
-// sample records that n messages ran in d. Concurrent samples may overwrite
-// one another: the average only needs to be roughly right.
-func (p *pace) sample(d time.Duration, n int) {
-	if p.fixed {
-		return
-	}
-	per := min(d/time.Duration(n), sampleCap)
-	avg := time.Duration(p.avg.Load())
-	avg += (per - avg) / 8
-	p.avg.Store(int64(avg))
-	m := p.mode.Load()
-	next := m
-	switch {
-	case avg > slowAbove:
-		next = modeSingle
-	case avg < inlineBelow:
-		next = modeInline
-	case m == modeInline && avg > inlineAbove, m == modeSingle && avg < fastBelow:
-		next = modeBatch
-	}
-	if next != m {
-		p.mode.Store(next)
-	}
-}
-
-// slow switches to single mode at once, as if a slow message was measured.
-func (p *pace) slow() {
-	if p.fixed {
-		return
-	}
-	p.avg.Store(int64(slowAbove))
-	p.mode.Store(modeSingle)
-}
-
-// epoch anchors monotime.
-var epoch = time.Now()
-
-// monotime reads the monotonic clock only (time.Now reads the wall clock
-// too).
-func monotime() time.Duration { return time.Since(epoch) }
 
 // dispatch queues received messages behind their lane and runs the ready
 // ones inline or hands them to the workers, in chunks sent after the lock
@@ -650,67 +577,6 @@ func (p *pool) ackRan(w *workerState) {
 	}
 	forget(c, w.acks)
 	w.acks = w.acks[:0]
-}
-
-// finishLocked ends t: its message was settled or released. It frees its
-// in-flight slot and returns the next task of its lane, if any. The caller
-// calls finishedLocked after a batch, and then, without c.mu, recycles the
-// message: the engine is done with it and nothing refers to it any more
-// (its lease and the breaker's probe are cleared here). Called with c.mu
-// held.
-func (c *Consumer) finishLocked(t task) (task, bool) {
-	c.leases.endLocked(t.msg)
-	c.inflight--
-	if b := c.breaker; b != nil && t.msg == b.probing {
-		b.probeEndedLocked()
-	}
-	if t.ln == nil {
-		return task{}, false
-	}
-	if next := t.ln.next(); next != nil {
-		return task{msg: next, ln: t.ln}, true
-	}
-	return task{}, false
-}
-
-// finishedLocked wakes the receive loop and the drain after messages were
-// finished. Called with c.mu held.
-func (c *Consumer) finishedLocked() {
-	c.signalSpace()
-	if c.stopping.Load() && c.inflight == 0 {
-		close(c.drained)
-	}
-}
-
-// finishOne finishes t alone and returns the next task of its lane.
-//
-// remark says t was released behind a message of its lane that went back
-// to the broker: when the lane goes idle, it is marked as returned again
-// (lane.returnedAt, the identity kept). A message received while the lane
-// was being released, before the broker had every release, may be
-// dispatched only now; it would overtake the redelivery of the returned
-// message, itself perhaps received meanwhile and released with the others.
-func (c *Consumer) finishOne(t task, remark bool) (task, bool) {
-	c.mu.Lock()
-	next, ok := c.finishLocked(t)
-	if !ok && remark && t.ln != nil {
-		t.ln.returnedAt = c.lanes.returns.Add(1)
-	}
-	c.finishedLocked()
-	recycle := c.recycler != nil && !c.leases.holdsLocked(t.msg)
-	c.mu.Unlock()
-	if recycle {
-		c.recycler.Recycle(t.msg)
-	}
-	return next, ok
-}
-
-// releaseLane releases t's message and every message behind it in its
-// lane; remark as for finishOne.
-func (c *Consumer) releaseLane(t task, remark bool) {
-	for ok := true; ok; t, ok = c.finishOne(t, remark) {
-		c.releaseTask(t)
-	}
 }
 
 // releaseChunk releases the tasks of ch that nobody claimed, with the
