@@ -136,7 +136,7 @@ func (b *breakerState) success() {
 	b.engaged.Store(false)
 	b.probing = nil
 	b.stopProbe()
-	c.log.Info("breaker closed: dependency answered again; resuming", slog.Int("held", len(b.held)))
+	c.log.Info("breaker closed: dependency answered again; resuming", slog.Int(ackwise.LogKeyHeld, len(b.held)))
 	c.pool.queueLocked(b.held...)
 	clear(b.held)
 	b.held = b.held[:0]
@@ -164,7 +164,7 @@ func (b *breakerState) failure(t task, after time.Duration) bool {
 		b.trips++
 		b.probeDelay = b.cfg.ProbeInterval
 		clear(b.keys)
-		c.log.Warn("breaker open: many keys failing at once; pausing consumption", slog.Int("threshold", b.cfg.Threshold))
+		c.log.Warn("breaker open: many keys failing at once; pausing consumption", slog.Int(ackwise.LogKeyThreshold, b.cfg.Threshold))
 	} else if msg == b.probing {
 		b.probing = nil
 		b.probeDelay = min(2*b.probeDelay, b.cfg.MaxProbeInterval)

@@ -101,7 +101,7 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		caps:     caps,
 		cfg:      cfg,
 		clock:    cfg.Clock,
-		log:      cfg.Logger.With(slog.String("consumer", cfg.Name)),
+		log:      cfg.Logger.With(slog.String(ackwise.LogKeyConsumer, cfg.Name)),
 		space:    make(chan struct{}, 1),
 	}
 	c.pool.c = c
@@ -128,7 +128,7 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	}
 	c.leases.init(c)
 	if c.inPlace && caps.Lease > 0 && !caps.ExtendLease {
-		c.log.Warn("retries wait in place but the source cannot extend leases: a message waiting longer than the lease is delivered again", slog.Duration("lease", caps.Lease))
+		c.log.Warn("retries wait in place but the source cannot extend leases: a message waiting longer than the lease is delivered again", slog.Duration(ackwise.LogKeyLease, caps.Lease))
 	}
 	if cfg.Breaker != nil {
 		b, err := cfg.Breaker.state(c)
@@ -315,7 +315,7 @@ func (c *Consumer) receiveLoop(ctx context.Context, w *workerState) error {
 			c.stats.receiveErrors.Add(1)
 			failures++
 			pause := backoffAfter(failures)
-			c.log.Warn("receive failed", slog.Any("error", err), slog.Duration("retry_in", pause))
+			c.log.Warn("receive failed", slog.Any(ackwise.LogKeyError, err), slog.Duration(ackwise.LogKeyRetryIn, pause))
 			if !c.sleep(ctx, pause) {
 				return nil
 			}
@@ -415,7 +415,7 @@ func (c *Consumer) awaitDrain(cancelHandlers context.CancelFunc) error {
 		return nil
 	case <-t.C:
 	}
-	c.log.Warn("drain deadline passed; cancelling running handlers", slog.Duration("drain_timeout", c.cfg.DrainTimeout))
+	c.log.Warn("drain deadline passed; cancelling running handlers", slog.Duration(ackwise.LogKeyTimeout, c.cfg.DrainTimeout))
 	cancelHandlers()
 	grace := min(max(c.cfg.DrainTimeout/10, 100*time.Millisecond), 5*time.Second)
 	t.Reset(grace)

@@ -101,7 +101,7 @@ func (l *leases) loop(quit <-chan struct{}) {
 			// handlers it left running hold messages): the broker
 			// redelivers those messages, which is all there is to say.
 			if err := c.src.ExtendLease(c.settleCtx, m, c.caps.Lease); err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) && !errors.Is(err, adapters.ErrClosed) {
-				c.log.Warn("lease extension failed", slog.String("event_id", adapters.EventID(m)), slog.Any("error", err))
+				c.log.Warn("lease extension failed", slog.String(ackwise.LogKeyEventID, m.EventID()), slog.Any(ackwise.LogKeyError, err))
 			}
 		}
 		clear(due)

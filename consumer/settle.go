@@ -103,7 +103,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	}
 	switch cl.Class {
 	case ackwise.ClassDiscard:
-		c.log.Debug("discarded", slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
+		c.log.Debug("discarded", slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.Any(ackwise.LogKeyError, err))
 		return c.settle(t, Discarded, elapsed, c.src.Ack(sctx, msg))
 	case ackwise.ClassPermanent:
 		return c.deadLetter(t, dlq.ReasonPermanent, err, cl.Class, now, elapsed)
@@ -120,7 +120,7 @@ func (c *Consumer) fail(t task, err error, cl ackwise.Classification, elapsed ti
 	if delay <= 0 {
 		delay = c.cfg.Retry.Delay(msg.Attempt)
 	}
-	c.log.Debug("retrying", slog.String("event_id", adapters.EventID(msg)), slog.Int("attempt", msg.Attempt), slog.Duration("delay", delay), slog.Any("error", err))
+	c.log.Debug("retrying", slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.Int(ackwise.LogKeyAttempt, msg.Attempt), slog.Duration(ackwise.LogKeyDelay, delay), slog.Any(ackwise.LogKeyError, err))
 	if c.inPlace {
 		if c.stopping.Load() {
 			c.release(msg) // no new waits during the drain
@@ -153,7 +153,7 @@ func (c *Consumer) deadLetter(t task, reason dlq.Reason, err error, class ackwis
 			// Not confirmed: the message must not be acked (invariant 3).
 			return fmt.Errorf("dead-letter: %w", derr)
 		}
-		c.log.Warn("dead-lettered", slog.String("event_id", adapters.EventID(msg)), slog.String("reason", string(reason)), slog.Int("attempts", msg.Attempt), slog.Any("error", err))
+		c.log.Warn("dead-lettered", slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.String(ackwise.LogKeyReason, string(reason)), slog.Int(ackwise.LogKeyAttempt, msg.Attempt), slog.Any(ackwise.LogKeyError, err))
 		return nil
 	}}, elapsed)
 }
@@ -184,7 +184,7 @@ func (c *Consumer) move(t task, pm pendingMove, elapsed time.Duration) result {
 	c.observe(msg, SettleFailed, elapsed)
 	t.moves = min(t.moves, 254) + 1
 	pause := backoffAfter(int(t.moves))
-	c.log.Error("settle failed; trying again in place", slog.String("outcome", pm.o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Int("tries", int(t.moves)), slog.Duration("retry_in", pause), slog.Any("error", err))
+	c.log.Error("settle failed; trying again in place", slog.String(ackwise.LogKeyOutcome, pm.o.String()), slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.Int(ackwise.LogKeyTries, int(t.moves)), slog.Duration(ackwise.LogKeyRetryIn, pause), slog.Any(ackwise.LogKeyError, err))
 	c.holds.detach(msg) // before the lock: a copy of a large payload takes time
 	c.mu.Lock()
 	if c.stopping.Load() {
@@ -221,7 +221,7 @@ func (c *Consumer) settle(t task, o Outcome, elapsed time.Duration, err error) r
 	if err != nil {
 		if !errors.Is(err, adapters.ErrReceiptInvalid) {
 			c.holds.settleFailed(t)
-			c.log.Error("settle failed; the broker will redeliver", slog.String("outcome", o.String()), slog.String("event_id", adapters.EventID(msg)), slog.Any("error", err))
+			c.log.Error("settle failed; the broker will redeliver", slog.String(ackwise.LogKeyOutcome, o.String()), slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.Any(ackwise.LogKeyError, err))
 			// Hand the delivery back so it is not stuck unsettled (an AMQP
 			// delivery would hold its prefetch slot until the channel
 			// closes). Release is never an ack, so this is always safe.
@@ -279,7 +279,7 @@ func (c *Consumer) invoke(ctx context.Context, msg *ackwise.Message) (err error)
 		if v := recover(); v != nil {
 			c.stats.panics.Add(1)
 			err = &panicError{value: v, stack: string(debug.Stack())}
-			c.log.Error("handler panicked", slog.String("event_id", adapters.EventID(msg)), slog.Any("panic", v))
+			c.log.Error("handler panicked", slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.Any(ackwise.LogKeyPanic, v))
 		}
 	}()
 	return c.h.Handle(ctx, msg)

@@ -412,7 +412,7 @@ func Redrive(ctx context.Context, from RedriveSource, to RedriveSink, opts Redri
 			if ctx.Err() != nil {
 				return RedriveResult{Stop: StopCanceled, Backlog: -1, Elapsed: time.Since(start)}, ctx.Err()
 			}
-			r.log.Warn("dlq: redrive: the source cannot tell its backlog; the run is bounded by event IDs and redrive counts", slog.Any("error", err))
+			r.log.Warn("dlq: redrive: the source cannot tell its backlog; the run is bounded by event IDs and redrive counts", slog.Any(ackwise.LogKeyError, err))
 		} else {
 			backlog = max(n, 0)
 		}
@@ -427,7 +427,7 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 	maxRedrives := cmp.Or(opts.MaxRedrives, DefaultMaxRedrives)
 	moved := movedIDs{seed: maphash.MakeSeed(), m: map[uint64]struct{}{}}
 	note := func(msg *ackwise.Message, env Envelope, a Action) {
-		r.log.Debug("dlq: redrive", slog.String("action", string(a)), slog.String("event_id", msg.EventID()), slog.String("broker_id", msg.BrokerID), slog.String("reason", string(env.Reason)))
+		r.log.Debug("dlq: redrive", slog.String(ackwise.LogKeyAction, string(a)), slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.String(ackwise.LogKeyBrokerID, msg.BrokerID), slog.String(ackwise.LogKeyReason, string(env.Reason)))
 		if opts.OnMessage != nil {
 			opts.OnMessage(msg, env, a)
 		}
@@ -786,7 +786,7 @@ func (r *run) releaseAll(ctx context.Context) int {
 		if err := r.from.Release(rctx, msg); err != nil {
 			failed++
 			r.log.Warn("dlq: release failed; the broker redelivers the message when its lease ends",
-				slog.String("broker_id", msg.BrokerID), slog.String("event_id", msg.EventID()), slog.Any("error", err))
+				slog.String(ackwise.LogKeyBrokerID, msg.BrokerID), slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.Any(ackwise.LogKeyError, err))
 		}
 		r.pending[i] = nil
 	}

@@ -138,7 +138,7 @@ func Inbox(store InboxStore, cfg InboxConfig) (ackwise.Middleware, error) {
 			}
 			if !claimed {
 				logger.LogAttrs(ctx, slog.LevelDebug, "duplicate event acknowledged without handling",
-					slog.String(LogKeyEventID, id), slog.String(LogKeySource, msg.Source))
+					slog.String(ackwise.LogKeyEventID, id), slog.String(ackwise.LogKeySource, msg.Source))
 				if cfg.OnDuplicate != nil {
 					cfg.OnDuplicate(ctx, msg)
 				}
@@ -169,7 +169,7 @@ func runClaimed(ctx context.Context, c Claim, next ackwise.Handler, msg *ackwise
 		defer cancel()
 		if rerr := c.Rollback(rctx); rerr != nil {
 			logger.LogAttrs(ctx, slog.LevelWarn, what+" rollback failed",
-				slog.String(LogKeyEventID, msg.EventID()), slog.String(LogKeyError, rerr.Error()))
+				slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.String(ackwise.LogKeyError, rerr.Error()))
 		}
 	}()
 	if err := next.Handle(c.Context(ctx), msg); err != nil {

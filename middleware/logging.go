@@ -8,23 +8,13 @@ import (
 	"github.com/ackwise/ackwise"
 )
 
-// Attribute keys of the records [Logging] writes.
-const (
-	LogKeySource   = "source"
-	LogKeyEventID  = "event_id"
-	LogKeyBrokerID = "broker_id"
-	LogKeyKey      = "key"
-	LogKeyAttempt  = "attempt"
-	LogKeyDuration = "duration"
-	LogKeyClass    = "class"
-	LogKeyError    = "error"
-)
-
 // Logging returns middleware that writes one record per handler call to
 // logger: "message handled" at Debug on success, "message failed" on
 // failure with the error and its class, at Error for permanent failures and
 // Warn for the others (the engine decides what happens next and may log
-// again). Payloads are never logged. A nil logger disables the middleware.
+// again). Payloads are never logged. The attribute keys are the
+// ackwise.LogKey constants: source, event ID, broker ID, attempt,
+// duration, key, and on failure class and error. A nil logger disables the middleware.
 //
 // Logging is safe for concurrent use if logger is, which every
 // *slog.Logger is.
@@ -52,17 +42,17 @@ func Logging(logger *slog.Logger) ackwise.Middleware {
 			}
 			attrs := make([]slog.Attr, 0, 8)
 			attrs = append(attrs,
-				slog.String(LogKeySource, msg.Source),
-				slog.String(LogKeyEventID, msg.EventID()),
-				slog.String(LogKeyBrokerID, msg.BrokerID),
-				slog.Int(LogKeyAttempt, msg.Attempt),
-				slog.Duration(LogKeyDuration, time.Since(start)),
+				slog.String(ackwise.LogKeySource, msg.Source),
+				slog.String(ackwise.LogKeyEventID, msg.EventID()),
+				slog.String(ackwise.LogKeyBrokerID, msg.BrokerID),
+				slog.Int(ackwise.LogKeyAttempt, msg.Attempt),
+				slog.Duration(ackwise.LogKeyDuration, time.Since(start)),
 			)
 			if msg.Key != "" {
-				attrs = append(attrs, slog.String(LogKeyKey, msg.Key))
+				attrs = append(attrs, slog.String(ackwise.LogKeyKey, msg.Key))
 			}
 			if err != nil {
-				attrs = append(attrs, slog.String(LogKeyClass, class.String()), slog.String(LogKeyError, err.Error()))
+				attrs = append(attrs, slog.String(ackwise.LogKeyClass, class.String()), slog.String(ackwise.LogKeyError, err.Error()))
 			}
 			logger.LogAttrs(ctx, level, text, attrs...)
 			return err

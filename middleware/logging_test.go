@@ -47,10 +47,10 @@ func TestLogging(t *testing.T) {
 	}
 	for i, want := range []struct{ level, class string }{{"DEBUG", ""}, {"WARN", "transient"}, {"ERROR", "permanent"}} {
 		r := recs[i]
-		if r["level"] != want.level || r[middleware.LogKeyEventID] != "ev-1" || r[middleware.LogKeySource] != "orders" || r[middleware.LogKeyAttempt] != float64(2) {
+		if r["level"] != want.level || r[ackwise.LogKeyEventID] != "ev-1" || r[ackwise.LogKeySource] != "orders" || r[ackwise.LogKeyAttempt] != float64(2) {
 			t.Errorf("record %d: %v", i, r)
 		}
-		if c, _ := r[middleware.LogKeyClass].(string); c != want.class {
+		if c, _ := r[ackwise.LogKeyClass].(string); c != want.class {
 			t.Errorf("record %d: class %q, want %q", i, c, want.class)
 		}
 	}

@@ -168,7 +168,7 @@ func VersionGate(store VersionStore, cfg VersionGateConfig) (ackwise.Middleware,
 				rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endTimeout)
 				if rerr := c.Rollback(rctx); rerr != nil {
 					logger.LogAttrs(ctx, slog.LevelWarn, "version gate rollback failed",
-						slog.String(LogKeyEventID, msg.EventID()), slog.String(LogKeyError, rerr.Error()))
+						slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.String(ackwise.LogKeyError, rerr.Error()))
 				}
 				cancel()
 				return ackwise.Permanent(fmt.Errorf("%w: version gate: %s %d of aggregate %q is more than MaxVersionGap %d above the recorded version %d; not applied (%w)",
@@ -176,7 +176,7 @@ func VersionGate(store VersionStore, cfg VersionGateConfig) (ackwise.Middleware,
 			}
 			if !newer {
 				logger.LogAttrs(ctx, slog.LevelDebug, "stale event acknowledged without handling",
-					slog.String("aggregate", agg), slog.Int64("version", ver), slog.String(LogKeyEventID, msg.EventID()))
+					slog.String(ackwise.LogKeyAggregate, agg), slog.Int64(ackwise.LogKeyVersion, ver), slog.String(ackwise.LogKeyEventID, msg.EventID()))
 				if cfg.OnStale != nil {
 					cfg.OnStale(ctx, msg, ver)
 				}
