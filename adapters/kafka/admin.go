@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ackwise/ackwise"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -90,10 +91,10 @@ func checkWriteTopics(ctx context.Context, cl *kgo.Client, cfg Config, retryTopi
 	}
 	switch dead, err := missingTopics(ctx, cl, []string{cfg.DeadLetterTopic}); {
 	case err != nil:
-		cfg.Logger.Warn("kafka: cannot check that the dead-letter topic exists", "topic", cfg.DeadLetterTopic, "group", cfg.Group, "err", err)
+		cfg.Logger.Warn("kafka: cannot check that the dead-letter topic exists", ackwise.LogKeyTopic, cfg.DeadLetterTopic, ackwise.LogKeyGroup, cfg.Group, ackwise.LogKeyError, err)
 	case len(dead) > 0:
 		cfg.Logger.Error("kafka: the dead-letter topic does not exist: every dead letter will fail, and its record come back; create it (kafka.CreateTopics creates the whole chain)",
-			"topic", cfg.DeadLetterTopic, "group", cfg.Group)
+			ackwise.LogKeyTopic, cfg.DeadLetterTopic, ackwise.LogKeyGroup, cfg.Group)
 	}
 	return nil
 }

@@ -58,7 +58,7 @@ func produceDeadLetter(ctx context.Context, cl *kgo.Client, limits *batchLimits,
 	if lim >= sent {
 		lim = min(fallbackDeadLetterBytes, sent/2)
 	}
-	log.Warn("kafka: dead letter refused as too large for its topic; writing it trimmed", "topic", topic, "bytes", sent, "limit", lim, "err", err)
+	log.Warn("kafka: dead letter refused as too large for its topic; writing it trimmed", ackwise.LogKeyTopic, topic, "bytes", sent, "limit", lim, ackwise.LogKeyError, err)
 	if rec, err = fittedDeadLetter(topic, msg, env, lim, log); err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func fittedDeadLetter(topic string, msg *ackwise.Message, env dlq.Envelope, limi
 	}
 	if marker != "" {
 		log.Warn("kafka: dead letter over its topic's max.message.bytes; written trimmed",
-			"topic", topic, "event_id", msg.ID, "bytes", size, "limit", limit, HeaderDLQTrimmed, marker)
+			ackwise.LogKeyTopic, topic, ackwise.LogKeyEventID, msg.ID, "bytes", size, "limit", limit, HeaderDLQTrimmed, marker)
 	}
 	return rec, nil
 }

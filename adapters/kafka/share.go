@@ -220,17 +220,17 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 	lease, err := shareLockDuration(ctx, cl, cfg.Group)
 	if err != nil {
 		cfg.Logger.Warn("kafka: cannot read the share group's record lock duration; assuming the broker default",
-			"group", cfg.Group, "assumed", DefaultShareLease, "err", err)
+			ackwise.LogKeyGroup, cfg.Group, "assumed", DefaultShareLease, ackwise.LogKeyError, err)
 		lease = DefaultShareLease
 	}
 	renews, err := brokersRenewLocks(ctx, cl)
 	if err != nil {
-		cfg.Logger.Warn("kafka: cannot read the brokers' API versions; assuming they renew share locks (Kafka 4.2+)", "err", err)
+		cfg.Logger.Warn("kafka: cannot read the brokers' API versions; assuming they renew share locks (Kafka 4.2+)", ackwise.LogKeyError, err)
 		renews = true
 	}
 	if !renews {
 		cfg.Logger.Warn("kafka: the brokers do not renew share locks (before Kafka 4.2): a handler that outlasts a record's lock has the record delivered again",
-			"group", cfg.Group, "lock", lease)
+			ackwise.LogKeyGroup, cfg.Group, "lock", lease)
 	}
 	s := &ShareSource{cfg: cfg, cl: cl, log: cfg.Logger, lease: lease, limits: limits, renews: renews, flushNow: make(chan struct{}, 1)}
 	s.stopCtx, s.stop = context.WithCancel(context.Background())
@@ -317,7 +317,7 @@ func (s *ShareSource) renewPending() {
 		s.mu.Unlock()
 		ctx, cancel := context.WithTimeout(s.stopCtx, every)
 		if err := s.cl.FlushAcks(ctx); err != nil && s.stopCtx.Err() == nil {
-			s.log.Warn("kafka: share acks not sent", "group", s.cfg.Group, "err", err)
+			s.log.Warn("kafka: share acks not sent", ackwise.LogKeyGroup, s.cfg.Group, ackwise.LogKeyError, err)
 		}
 		cancel()
 		s.settleMu.Unlock()
@@ -500,7 +500,7 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 		}
 		fetches.EachError(func(t string, p int32, err error) {
 			if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
-				s.log.Warn("kafka: share fetch error", "topic", t, "partition", p, "err", err)
+				s.log.Warn("kafka: share fetch error", ackwise.LogKeyTopic, t, ackwise.LogKeyPartition, p, ackwise.LogKeyError, err)
 			}
 		})
 		recs := fetches.Records()
@@ -525,7 +525,7 @@ func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int,
 // client's buffer, where nobody can renew them, until the next poll.
 func (s *ShareSource) releaseStale(stale []*shareReceipt) {
 	s.log.Warn("kafka: share records outlived their lock in the client's buffer before delivery; released for redelivery",
-		"group", s.cfg.Group, "records", len(stale), "lock", s.lease)
+		ackwise.LogKeyGroup, s.cfg.Group, "records", len(stale), "lock", s.lease)
 	for _, rc := range stale {
 		rc.settled.Store(true)
 		s.sendAlone(rc, kgo.AckRelease)
@@ -628,7 +628,7 @@ func (s *ShareSource) sendAlone(rc *shareReceipt, status kgo.AckStatus) bool {
 		ctx, cancel := context.WithTimeout(context.Background(), max(s.lease/3, time.Second))
 		defer cancel()
 		if err := s.cl.FlushAcks(ctx); err != nil && !s.closed.Load() {
-			s.log.Warn("kafka: share acks not sent", "group", s.cfg.Group, "err", err)
+			s.log.Warn("kafka: share acks not sent", ackwise.LogKeyGroup, s.cfg.Group, ackwise.LogKeyError, err)
 		}
 	}
 	flush()

@@ -320,7 +320,7 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 	}
 	cancel()
 	if err != nil {
-		s.log.Warn("kafka: cannot read commit metadata; settled records above the committed offsets will be redelivered", "group", s.cfg.Group, "err", err)
+		s.log.Warn("kafka: cannot read commit metadata; settled records above the committed offsets will be redelivered", ackwise.LogKeyGroup, s.cfg.Group, ackwise.LogKeyError, err)
 	}
 	s.rewindMu.Lock()
 	defer s.rewindMu.Unlock()
@@ -348,7 +348,7 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 				if len(p.skip) > 0 {
 					if e, ok := ends.Lookup(t, id); !ok || e.Err != nil || !below(p.skip, e.Offset) {
 						s.log.Warn("kafka: commit metadata names records past the partition's end; ignored, the records above the committed offset will be redelivered",
-							"group", s.cfg.Group, "topic", t, "partition", id)
+							ackwise.LogKeyGroup, s.cfg.Group, ackwise.LogKeyTopic, t, ackwise.LogKeyPartition, id)
 						p.skip = nil
 					}
 				}
@@ -360,7 +360,7 @@ func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[st
 		}
 	}
 	resumeLocked(cl, unpause)
-	s.log.Debug("kafka: partitions assigned", "group", s.cfg.Group, "partitions", assigned)
+	s.log.Debug("kafka: partitions assigned", ackwise.LogKeyGroup, s.cfg.Group, "partitions", assigned)
 }
 
 // hasSettledSets reports whether offs holds ackwise's commit metadata for
@@ -430,7 +430,7 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 			select {
 			case <-w:
 			case <-timer.C:
-				s.log.Warn("kafka: revoke timeout: handlers still running on revoked partitions; their records will be redelivered", "group", s.cfg.Group, "timeout", s.cfg.RevokeTimeout)
+				s.log.Warn("kafka: revoke timeout: handlers still running on revoked partitions; their records will be redelivered", ackwise.LogKeyGroup, s.cfg.Group, ackwise.LogKeyTimeout, s.cfg.RevokeTimeout)
 				break wait
 			case <-s.closing:
 				break wait
@@ -457,9 +457,9 @@ func (s *Source) onRevoked(ctx context.Context, cl *kgo.Client, revoked map[stri
 	s.mu.Unlock()
 	s.commitMu.Unlock()
 	if err != nil {
-		s.log.Warn("kafka: commit on revoke failed; settled records may be redelivered", "group", s.cfg.Group, "err", err)
+		s.log.Warn("kafka: commit on revoke failed; settled records may be redelivered", ackwise.LogKeyGroup, s.cfg.Group, ackwise.LogKeyError, err)
 	}
-	s.log.Debug("kafka: partitions revoked", "group", s.cfg.Group, "partitions", revoked)
+	s.log.Debug("kafka: partitions revoked", ackwise.LogKeyGroup, s.cfg.Group, "partitions", revoked)
 }
 
 // onLost marks partitions gone without committing: the group already gave
@@ -487,7 +487,7 @@ func (s *Source) onLost(_ context.Context, cl *kgo.Client, lost map[string][]int
 		// Without the source's locks, as adapters.Invalidator says.
 		s.invalid.Invalidated()
 	}
-	s.log.Warn("kafka: partitions lost", "group", s.cfg.Group, "partitions", lost)
+	s.log.Warn("kafka: partitions lost", ackwise.LogKeyGroup, s.cfg.Group, "partitions", lost)
 }
 
 // dropLocked forgets partitions and resumes those that were paused, so that
@@ -613,7 +613,7 @@ func (s *Source) poll(ctx context.Context, limit int) (closed bool, fatal error)
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			return
 		}
-		s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+		s.log.Warn("kafka: fetch error", ackwise.LogKeyTopic, t, ackwise.LogKeyPartition, p, ackwise.LogKeyError, err)
 		if fatal == nil && reportFetch(err) {
 			fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
 		}
@@ -746,7 +746,7 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 				continue // untracked, as if never fetched
 			}
 			s.log.Warn("kafka: released records are no longer in the log (compacted or deleted); they are not delivered again",
-				"topic", p.topic, "partition", p.id, "offsets", p.dropReleased())
+				ackwise.LogKeyTopic, p.topic, ackwise.LogKeyPartition, p.id, "offsets", p.dropReleased())
 			kick = true
 		}
 		if p.skip != nil {
@@ -1357,7 +1357,7 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 // envelope's consumer is the group: the engine's Config.Name is not known
 // here.
 func (s *Source) deadLetterUnmovable(ctx context.Context, msg *ackwise.Message, cause error) error {
-	s.log.Warn("kafka: record cannot be moved to its retry topic; dead-lettered instead", "group", s.cfg.Group, "event_id", msg.ID, "err", cause)
+	s.log.Warn("kafka: record cannot be moved to its retry topic; dead-lettered instead", ackwise.LogKeyGroup, s.cfg.Group, ackwise.LogKeyEventID, msg.ID, ackwise.LogKeyError, cause)
 	env := dlq.New(msg, dlq.ReasonUnroutable, cause, ackwise.ClassPermanent, time.Now(), s.cfg.Group, "")
 	return s.DeadLetter(ctx, msg, env)
 }
@@ -1395,7 +1395,7 @@ func (s *Source) committer() {
 		cancel()
 		s.commitMu.Unlock()
 		if err != nil && !s.closed.Load() {
-			s.log.Warn("kafka: commit failed; will retry", "group", s.cfg.Group, "err", err)
+			s.log.Warn("kafka: commit failed; will retry", ackwise.LogKeyGroup, s.cfg.Group, ackwise.LogKeyError, err)
 			select {
 			case s.kick <- struct{}{}:
 			default:

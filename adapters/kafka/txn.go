@@ -220,7 +220,7 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				return
 			}
-			s.log.Warn("kafka: fetch error", "topic", t, "partition", p, "err", err)
+			s.log.Warn("kafka: fetch error", ackwise.LogKeyTopic, t, ackwise.LogKeyPartition, p, ackwise.LogKeyError, err)
 			if fatal == nil && fatalFetch(err) {
 				fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
 			}
@@ -305,7 +305,7 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.endTimeout)
 		defer cancel()
 		if _, err := s.sess.End(endCtx, kgo.TryAbort); err != nil {
-			s.log.Warn("kafka: abort after a panic failed", "err", err)
+			s.log.Warn("kafka: abort after a panic failed", ackwise.LogKeyError, err)
 		} else {
 			s.countAttempts(fetches, delivered, false)
 		}
@@ -334,7 +334,7 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 			if s.txnTimeout > 0 {
 				warn = time.AfterFunc(s.txnTimeout*4/5, func() {
 					s.log.Warn("kafka: batch's transaction has run 80% of the transaction timeout; the broker aborts it at the timeout, and nothing of the batch is committed",
-						"timeout", s.txnTimeout)
+						ackwise.LogKeyTimeout, s.txnTimeout)
 				})
 			}
 		}
@@ -400,15 +400,15 @@ func (s *TransactSession) batch(ctx context.Context, fetches kgo.Fetches, fn Tra
 	case committed:
 		return false, nil
 	case fnErr != nil:
-		s.log.Warn("kafka: transform failed; transaction aborted, the batch will be consumed again", "err", fnErr)
+		s.log.Warn("kafka: transform failed; transaction aborted, the batch will be consumed again", ackwise.LogKeyError, fnErr)
 		return true, nil
 	case perr != nil:
-		s.log.Warn("kafka: produce failed; transaction aborted, the batch will be consumed again", "err", s.timedOut(start, perr))
+		s.log.Warn("kafka: produce failed; transaction aborted, the batch will be consumed again", ackwise.LogKeyError, s.timedOut(start, perr))
 		return true, nil
 	case commit && s.overran(start):
 		// franz-go recovered from the broker's abort (an epoch bump):
 		// the same batch will likely run as long again.
-		s.log.Warn("kafka: transaction aborted; the batch will be consumed again", "err", s.timedOut(start, errors.New("kafka: commit refused")))
+		s.log.Warn("kafka: transaction aborted; the batch will be consumed again", ackwise.LogKeyError, s.timedOut(start, errors.New("kafka: commit refused")))
 	default:
 		s.log.Info("kafka: transaction aborted (rebalance or shutdown); the batch will be consumed again")
 	}

@@ -293,7 +293,7 @@ func (t *topic) rebalanceLocked(g *group, now time.Time) {
 		}
 	}
 	t.record(Event{Kind: EventRebalanced, Group: g.name, Partition: -1, Offset: -1}, now)
-	t.b.log.Debug("memory: group rebalanced", "topic", t.name, "group", g.name, "members", m)
+	t.b.log.Debug("memory: group rebalanced", ackwise.LogKeyTopic, t.name, ackwise.LogKeyGroup, g.name, "members", m)
 	t.wakeLocked()
 }
 

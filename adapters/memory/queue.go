@@ -386,7 +386,7 @@ func (q *queue) redriveOut(recs []*record) {
 		} else {
 			// The name is taken by something that cannot hold messages:
 			// drop the dead letter rather than loop, and say so.
-			q.b.log.Warn("memory: redrive failed, dead letter dropped", "queue", q.name, "to", q.cfg.DeadLetter, "error", err)
+			q.b.log.Warn("memory: redrive failed, dead letter dropped", ackwise.LogKeyQueue, q.name, "to", q.cfg.DeadLetter, ackwise.LogKeyError, err)
 		}
 		q.mu.Lock()
 		ev := Event{Kind: EventDeadLettered, ID: rec.first.ID, Key: rec.first.Key, BrokerID: rec.first.BrokerID, Partition: -1, Offset: -1, Attempt: rec.receives, Reason: dlq.ReasonMaxAttempts, To: q.cfg.DeadLetter}

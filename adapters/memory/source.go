@@ -268,14 +268,14 @@ func (s *source) crashLocked(now time.Time, k FaultKind) {
 		return
 	}
 	s.d.record(Event{Kind: EventCrashed, Consumer: s.id, Group: s.group, Partition: -1, Offset: -1, Fault: k}, now)
-	s.d.b.log.Debug("memory: source crashed", "source", s.id, "fault", k.String())
+	s.d.b.log.Debug("memory: source crashed", "member", s.id, "fault", k.String())
 	s.onCrash(now)
 }
 
 // recordFault records that fault x fired on m. Caller holds d.mu.
 func (s *source) recordFault(x *InjectedFault, m *ackwise.Message, now time.Time) {
 	s.d.record(Event{Kind: EventFault, Consumer: s.id, Group: s.group, ID: m.ID, Key: m.Key, BrokerID: m.BrokerID, Partition: m.Partition, Offset: m.Offset, Attempt: m.Attempt, Fault: x.f.Kind}, now)
-	s.d.b.log.Debug("memory: fault fired", "source", s.id, "fault", x.f.Kind.String(), "id", m.ID)
+	s.d.b.log.Debug("memory: fault fired", "member", s.id, "fault", x.f.Kind.String(), ackwise.LogKeyEventID, m.ID)
 }
 
 // reorderLocked applies a reorder fault (FaultReorder) to batch: when one

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ackwise/ackwise"
 	"github.com/cenkalti/backoff/v4"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -158,7 +159,7 @@ func (c conn) plainURL() (string, *tls.Config, error) {
 func (c conn) reportUnreadable(u unreadable) {
 	c.log.Warn("rabbitmq: a delivery's header table cannot be read by amqp091-go; its unreadable entries are passed on as byte arrays, named in "+HeaderUnreadable,
 		"connection", c.name, "channel", u.channel, "message_id", u.messageID,
-		"headers", strings.Join(u.names, ", "), "reason", u.reason, "values_kept", u.kept)
+		"headers", strings.Join(u.names, ", "), ackwise.LogKeyReason, u.reason, "values_kept", u.kept)
 }
 
 // readErrConn keeps the first error a read of its socket returned.

@@ -159,7 +159,7 @@ func (p *publisher) open(ctx context.Context) (*pubSession, error) {
 	go func() {
 		for b := range blocked {
 			if b.Active {
-				p.c.log.Warn("rabbitmq: broker blocked publishing (resource alarm)", "role", p.role, "reason", b.Reason)
+				p.c.log.Warn("rabbitmq: broker blocked publishing (resource alarm)", "role", p.role, ackwise.LogKeyReason, b.Reason)
 			} else {
 				p.c.log.Info("rabbitmq: broker unblocked publishing", "role", p.role)
 			}
@@ -204,7 +204,7 @@ func (p *publisher) run(s *pubSession) {
 			return
 		}
 		wait := rd.wait()
-		p.c.log.Warn("rabbitmq: publisher channel lost; reconnecting", "role", p.role, "url", p.c.redacted, "error", s.err, "retry_in", wait)
+		p.c.log.Warn("rabbitmq: publisher channel lost; reconnecting", "role", p.role, "url", p.c.redacted, ackwise.LogKeyError, s.err, ackwise.LogKeyRetryIn, wait)
 		p.set(nil)
 		s.conn.Close()
 		for {
@@ -214,7 +214,7 @@ func (p *publisher) run(s *pubSession) {
 			ns, err := p.open(p.ctx)
 			if err != nil {
 				wait = rd.wait()
-				p.c.log.Warn("rabbitmq: publisher reconnect failed", "role", p.role, "error", err, "retry_in", wait)
+				p.c.log.Warn("rabbitmq: publisher reconnect failed", "role", p.role, ackwise.LogKeyError, err, ackwise.LogKeyRetryIn, wait)
 				// Refused for good, publishes fail at once rather than wait
 				// for their ctx; reconnecting goes on, for when access is
 				// given back. A refusal stands only until an attempt fails

@@ -318,7 +318,7 @@ func (s *Source) run(ss *session) {
 			return
 		}
 		wait := rd.wait()
-		s.log.Warn("rabbitmq: consumer channel lost; reconnecting", "queue", s.v.Queue, "generation", ss.gen, "error", errText(ss.err), "hint", deathHint(ss.err), "retry_in", wait)
+		s.log.Warn("rabbitmq: consumer channel lost; reconnecting", ackwise.LogKeyQueue, s.v.Queue, "generation", ss.gen, ackwise.LogKeyError, errText(ss.err), "hint", deathHint(ss.err), ackwise.LogKeyRetryIn, wait)
 		s.set(nil)
 		for {
 			if !sleep(wait, s.closed) {
@@ -327,13 +327,13 @@ func (s *Source) run(ss *session) {
 			ns, err := s.open(s.ctx)
 			if err != nil {
 				wait = rd.wait()
-				s.log.Warn("rabbitmq: consumer reconnect failed", "queue", s.v.Queue, "error", err.Error(), "retry_in", wait)
+				s.log.Warn("rabbitmq: consumer reconnect failed", ackwise.LogKeyQueue, s.v.Queue, ackwise.LogKeyError, err.Error(), ackwise.LogKeyRetryIn, wait)
 				continue
 			}
 			rd.connected()
 			ss = ns
 			s.set(ns)
-			s.log.Info("rabbitmq: consumer reconnected", "queue", s.v.Queue, "generation", ns.gen)
+			s.log.Info("rabbitmq: consumer reconnected", ackwise.LogKeyQueue, s.v.Queue, "generation", ns.gen)
 			break
 		}
 	}

@@ -3,6 +3,8 @@ package rabbitmq
 import (
 	"context"
 	"time"
+
+	"github.com/ackwise/ackwise"
 )
 
 // watchTimeouts warns (log and metric) about deliveries held for
@@ -75,7 +77,7 @@ func (s *Source) warnSlow(ss *session, now time.Time) {
 	for _, d := range slow {
 		s.timeoutWarnings.Add(context.Background(), 1)
 		s.log.Warn("rabbitmq: delivery held close to the broker's consumer_timeout; at the timeout the broker closes the channel and redelivers every delivery on it",
-			"queue", s.v.Queue, "delivery_tag", d.tag, "message_id", d.id,
-			"held", d.held.String(), "consumer_timeout", s.v.ConsumerTimeout.String())
+			ackwise.LogKeyQueue, s.v.Queue, "delivery_tag", d.tag, "message_id", d.id,
+			ackwise.LogKeyDuration, d.held, ackwise.LogKeyTimeout, s.v.ConsumerTimeout)
 	}
 }

@@ -44,7 +44,7 @@ func TestConsumerTimeoutWarningCountsPrefetchedTime(t *testing.T) {
 				switch a.Key {
 				case "message_id":
 					id = a.Value.String()
-				case "held":
+				case ackwise.LogKeyDuration:
 					held = a.Value.String()
 				}
 				return true
