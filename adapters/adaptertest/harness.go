@@ -1,7 +1,3 @@
-// Package adaptertest is the conformance suite every ackwise adapter passes.
-// An adapter's test calls [Run] with a [Harness] that opens fresh, uniquely
-// named destinations on the real broker (or its emulator); capability flags
-// turn off the cases a broker cannot support, and say why.
 package adaptertest
 
 import (
@@ -19,6 +15,9 @@ type Harness struct {
 	// unique name) and returns a fixture on it. It registers its own cleanup
 	// with t.Cleanup and fails t when the broker cannot be reached.
 	Open func(t testing.TB, cfg FixtureConfig) Fixture
+	// Timeout bounds every wait of the suite for the broker (a delivery, a
+	// dead letter, a consumer's drain). Zero means DefaultTimeout.
+	Timeout time.Duration
 }
 
 // FixtureConfig is what a test case asks of its destination.
@@ -55,6 +54,6 @@ type Fixture struct {
 	// same Publish call: it changes msg (its payload, headers) or the
 	// destination, and registers any cleanup with t.Cleanup. Nil when the
 	// adapter cannot make its broker refuse one message alone; the case
-	// that needs it then logs so.
+	// that needs it then skips.
 	Refuse func(t testing.TB, msg *ackwise.Message)
 }
