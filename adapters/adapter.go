@@ -20,10 +20,10 @@ var ErrReceiptInvalid = errors.New("adapters: receipt no longer valid")
 var ErrClosed = errors.New("adapters: closed")
 
 // Capabilities says what a source's broker can do. The engine picks its
-// strategy from these flags, never from type assertions; only the optional
-// interfaces that change what a call costs or how soon something happens,
+// strategy from these flags, never from type assertions. The optional parts
+// of a source that change what a call costs or how soon something happens,
 // never what the engine does ([Recycler], [BatchAcker], [Detacher],
-// [Invalidator]), are found by type assertion.
+// [Invalidator]), are declared apart, in [Extensions].
 type Capabilities struct {
 	// Log means the source is a partitioned log (Kafka): messages carry
 	// Partition and Offset, Ack marks a record settled, and the source commits
@@ -115,9 +115,50 @@ type Source interface {
 	// Capabilities describes the broker behind the source.
 	Capabilities() Capabilities
 
+	// Extensions declares the optional parts the source implements; see
+	// [Extensions] for what a wrapper around a source must do with them.
+	Extensions() Extensions
+
 	// Close stops receiving and commits what is settled. Unsettled deliveries
 	// are left to the broker to redeliver.
 	Close() error
+}
+
+// Extensions are the optional parts of a [Source]: each field is the
+// source's implementation of that part (usually the source itself), or nil
+// when the source does not have it. They change what a call costs or how
+// soon something happens, never what the engine does, so a source may leave
+// every field nil. The engine reads them once, in consumer.New, and uses
+// each one declared; nothing looks for them by type assertion. A source
+// returns the same Extensions from every call, and the conformance suite
+// (package adaptertest) checks each one it declares.
+//
+// A wrapper that embeds a Source inherits its Extensions, and with them
+// calls that reach the wrapped source around the wrapper's own methods. So
+// a wrapper that changes what a method does overrides Extensions and drops
+// (or replaces with its own) each field that stands in for that method or
+// relies on it:
+//   - one that changes Ack drops or replaces BatchAcker, whose AckBatch
+//     would ack around it;
+//   - one that changes Valid (says no where the wrapped source says yes)
+//     does not pass Invalidator through unchanged: the engine is to be told
+//     when the wrapper's Valid turns false, which the wrapped source does
+//     not know; with Invalidator nil, the engine learns it when a wait ends;
+//   - one that hands out messages of its own (copies, other Message values)
+//     drops Recycler and Detacher: they act only on the messages the wrapped
+//     source delivered, and ignore others;
+//   - one that changes Receive, Nack, DeadLetter, Release or ExtendLease
+//     keeps them all: none of the four stands in for those.
+type Extensions struct {
+	// Recycler takes back delivered messages for reuse.
+	Recycler Recycler
+	// BatchAcker acks finished messages together, for less than one Ack
+	// each.
+	BatchAcker BatchAcker
+	// Detacher gives a message waiting in place memory of its own.
+	Detacher Detacher
+	// Invalidator tells the engine when deliveries stop being Valid.
+	Invalidator Invalidator
 }
 
 // Recycler is implemented by sources that reuse the memory of delivered
@@ -204,10 +245,10 @@ func (h *InvalidHook) Invalidated() {
 // BatchAcker is implemented by sources that ack a batch of messages for
 // less than acking each one (one lock, one call). The engine acks the
 // messages its workers finished together through AckBatch when the source
-// has it, and through Ack otherwise. A wrapper that embeds a source and
-// changes Ack must implement AckBatch too (or not embed it): the engine
-// would otherwise ack through the embedded source's AckBatch, around the
-// wrapper's Ack.
+// declares it (Extensions.BatchAcker), and through Ack otherwise. A wrapper
+// that embeds a source and changes Ack must drop or replace BatchAcker in
+// the Extensions it returns: the engine would otherwise ack through the
+// embedded source's AckBatch, around the wrapper's Ack.
 type BatchAcker interface {
 	// AckBatch acks each of msgs as Ack would, in order, and sets errs[i]
 	// to the error Ack would have returned for msgs[i] (nil once acked).

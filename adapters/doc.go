@@ -1,8 +1,9 @@
 // Package adapters defines the contract between the consumer engine and a
 // broker: a [Source] delivers messages and settles them (ack, redeliver later,
 // dead-letter, release), a [Sink] publishes with broker confirmation, and
-// [Capabilities] says explicitly what a broker can do so the engine never
-// discovers features by type assertion.
+// [Capabilities] says explicitly what a broker can do and [Extensions] which
+// optional parts a source has, so the engine never discovers features by
+// type assertion.
 //
 // The contract is shaped by the four brokers ackwise is built for (the SQS
 // and Pub/Sub adapters are planned, not written yet):

@@ -43,9 +43,10 @@ var ErrDrainTimeout = errors.New("consumer: drain timed out: handlers still runn
 type Consumer struct {
 	// Set by New, read-only after.
 	src      adapters.Source
-	recycler adapters.Recycler   // src, when it reuses messages; else nil
-	acker    adapters.BatchAcker // src, when it acks batches; else nil
-	detacher adapters.Detacher   // src, when its messages share memory; else nil
+	recycler adapters.Recycler    // src's, when it reuses messages; else nil
+	acker    adapters.BatchAcker  // src's, when it acks batches; else nil
+	detacher adapters.Detacher    // src's, when its messages share memory; else nil
+	invalid  adapters.Invalidator // src's, when it tells of invalid deliveries; else nil
 	caps     adapters.Capabilities
 	cfg      Config
 	h        ackwise.Handler
@@ -90,14 +91,13 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	ownSchedule := len(r.Tiers) > 0 || r.InitialInterval != 0 || r.Multiplier != 0 || r.MaxInterval != 0 || r.Jitter != 0
 	cfg = cfg.withDefaults()
 	caps := src.Capabilities()
-	recycler, _ := src.(adapters.Recycler)
-	acker, _ := src.(adapters.BatchAcker)
-	detacher, _ := src.(adapters.Detacher)
+	ext := src.Extensions()
 	c := &Consumer{
 		src:      src,
-		recycler: recycler,
-		acker:    acker,
-		detacher: detacher,
+		recycler: ext.Recycler,
+		acker:    ext.BatchAcker,
+		detacher: ext.Detacher,
+		invalid:  ext.Invalidator,
 		caps:     caps,
 		cfg:      cfg,
 		clock:    cfg.Clock,
@@ -202,8 +202,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.pool.work = make(chan *chunk, c.cfg.MaxInFlight)
 	c.pool.slots = make(chan struct{}, c.cfg.Concurrency)
 	c.pace.reset()
-	if inv, ok := c.src.(adapters.Invalidator); ok {
-		inv.OnInvalid(c.wakeInvalid)
+	if c.invalid != nil {
+		c.invalid.OnInvalid(c.wakeInvalid)
 	}
 
 	quit := make(chan struct{})   // workers and the stall watch

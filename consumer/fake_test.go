@@ -144,6 +144,7 @@ func (s *fakeSource) lose(m *ackwise.Message) {
 }
 
 func (s *fakeSource) Capabilities() adapters.Capabilities { return s.caps }
+func (s *fakeSource) Extensions() adapters.Extensions     { return adapters.Extensions{} }
 
 func (s *fakeSource) Close() error {
 	s.mu.Lock()

@@ -414,6 +414,10 @@ type failingBatchAck struct {
 	bad string // the ID whose ack fails
 }
 
+func (s failingBatchAck) Extensions() adapters.Extensions {
+	return adapters.Extensions{BatchAcker: s}
+}
+
 func (s failingBatchAck) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
 	for i, m := range msgs {
 		if m.ID == s.bad {

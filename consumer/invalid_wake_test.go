@@ -25,6 +25,10 @@ type revokingSource struct {
 
 func (s *revokingSource) OnInvalid(f func()) { s.onInvalid.Store(&f) }
 
+func (s *revokingSource) Extensions() adapters.Extensions {
+	return adapters.Extensions{Invalidator: s}
+}
+
 func (s *revokingSource) DeadLetter(ctx context.Context, m *ackwise.Message, env dlq.Envelope) error {
 	if s.refuse {
 		return errors.New("dead-letter publish: refused")

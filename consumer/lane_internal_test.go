@@ -88,6 +88,7 @@ func (s *seqSource) ExtendLease(context.Context, *ackwise.Message, time.Duration
 }
 func (s *seqSource) Valid(*ackwise.Message) bool         { return true }
 func (s *seqSource) Capabilities() adapters.Capabilities { return adapters.Capabilities{Delay: true} }
+func (s *seqSource) Extensions() adapters.Extensions     { return adapters.Extensions{} }
 func (s *seqSource) Close() error                        { return nil }
 
 // TestLaneQueueStaysBoundedWhileBusy: a key that stays busy through a long

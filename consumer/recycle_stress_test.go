@@ -136,7 +136,10 @@ func (s *reuseSource) Valid(m *ackwise.Message) bool {
 	return true
 }
 func (s *reuseSource) Capabilities() adapters.Capabilities { return s.caps }
-func (s *reuseSource) Close() error                        { return nil }
+func (s *reuseSource) Extensions() adapters.Extensions {
+	return adapters.Extensions{Recycler: s}
+}
+func (s *reuseSource) Close() error { return nil }
 func (s *reuseSource) Recycle(msgs ...*ackwise.Message) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -171,6 +174,10 @@ func (s batchReuseSource) AckBatch(ctx context.Context, msgs []*ackwise.Message,
 }
 
 var _ adapters.BatchAcker = batchReuseSource{}
+
+func (s batchReuseSource) Extensions() adapters.Extensions {
+	return adapters.Extensions{Recycler: s.reuseSource, BatchAcker: s}
+}
 
 func TestRecycleStressSettleOnce(t *testing.T) {
 	for _, pace := range paces {
@@ -332,6 +339,10 @@ func (s *flakySettle) DeadLetter(ctx context.Context, m *ackwise.Message, env dl
 }
 
 type flakyBatch struct{ *flakySettle }
+
+func (s flakyBatch) Extensions() adapters.Extensions {
+	return adapters.Extensions{Recycler: s.reuseSource, BatchAcker: s}
+}
 
 func (s flakyBatch) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
 	for i, m := range msgs {

@@ -40,6 +40,10 @@ func (s *recyclingSource) Recycle(msgs ...*ackwise.Message) {
 	}
 }
 
+func (s *recyclingSource) Extensions() adapters.Extensions {
+	return adapters.Extensions{Recycler: s}
+}
+
 func (s *recyclingSource) isRecycled(m *ackwise.Message) bool {
 	s.rmu.Lock()
 	defer s.rmu.Unlock()

@@ -59,6 +59,10 @@ func (s failingSettle) DeadLetter(ctx context.Context, m *ackwise.Message, env d
 // failingSettleBatch acks in batches, failing as failingSettle does.
 type failingSettleBatch struct{ failingSettle }
 
+func (s failingSettleBatch) Extensions() adapters.Extensions {
+	return adapters.Extensions{BatchAcker: s}
+}
+
 func (s failingSettleBatch) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
 	for i, m := range msgs {
 		errs[i] = s.Ack(ctx, m)

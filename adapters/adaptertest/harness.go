@@ -56,4 +56,11 @@ type Fixture struct {
 	// adapter cannot make its broker refuse one message alone; the case
 	// that needs it then skips.
 	Refuse func(t testing.TB, msg *ackwise.Message)
+	// Invalidate, when set, makes deliveries src holds stop being Valid
+	// through an event the source tells of (Extensions.Invalidator): a
+	// Kafka partition revoked, a RabbitMQ connection closed by the broker,
+	// a memory log partition moved to another member. It returns once it
+	// caused the event, whether or not src has learnt of it yet. Nil means
+	// the suite closes src, an event every such source tells of.
+	Invalidate func(t testing.TB, src adapters.Source)
 }

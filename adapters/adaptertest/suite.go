@@ -53,7 +53,10 @@ func Run(t *testing.T, h Harness) {
 		{"NothingLostAcrossRestart", testRestart},
 		{"DrainOnShutdown", testDrain},
 		{"InFlightBounded", testInFlightBounded},
+		{"RecycleKeepsInFlight", testRecycler},
 		{"BatchAckSettles", testBatchAck},
+		{"DetachKeepsMessage", testDetacher},
+		{"InvalidatorTells", testInvalidator},
 		{"LeaseExtendedOrExpired", testLease},
 		{"ExtendAfterSettleChangesNothing", testExtendAfterSettle},
 		{"SettleAfterCloseFails", testSettleAfterClose},
@@ -648,6 +651,14 @@ func (s *countingSource) Release(ctx context.Context, m *ackwise.Message) error 
 	return s.Source.Release(ctx, m)
 }
 
+// Extensions drops BatchAcker, whose AckBatch would ack around
+// countingSource.Ack, uncounted.
+func (s *countingSource) Extensions() adapters.Extensions {
+	ext := s.Source.Extensions()
+	ext.BatchAcker = nil
+	return ext
+}
+
 func testInFlightBounded(t *testing.T, h Harness) {
 	const n, limit = 100, 6
 	f := h.Open(t, FixtureConfig{})
@@ -684,52 +695,6 @@ func testInFlightBounded(t *testing.T, h Harness) {
 	sort.Strings(ids)
 	if len(ids) != n {
 		t.Fatalf("handled %d distinct, want %d", len(ids), n)
-	}
-}
-
-// testBatchAck checks AckBatch where the source has it: it acks like Ack,
-// reports a second ack of the same delivery as Ack would, and what it acked
-// is not delivered again after a restart.
-func testBatchAck(t *testing.T, h Harness) {
-	f := h.Open(t, FixtureConfig{Lease: time.Second})
-	src := f.NewSource(t)
-	acker, ok := src.(adapters.BatchAcker)
-	if !ok {
-		t.Skip("the source acks one message at a time (no AckBatch): nothing to check")
-	}
-	in := batch(4, 1)
-	h.publish(t, f, in[:3])
-	got := []*ackwise.Message{h.receiveOne(t, src), h.receiveOne(t, src), h.receiveOne(t, src)}
-	for i, m := range got {
-		if m.ID != in[i].ID {
-			t.Fatalf("received %s at %d, want %s", m.ID, i, in[i].ID)
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), h.Timeout)
-	defer cancel()
-	errs := make([]error, 2)
-	acker.AckBatch(ctx, got[:2], errs)
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("AckBatch: message %d: %v", i, err)
-		}
-	}
-	errs = []error{nil, errors.New("not set")}
-	acker.AckBatch(ctx, []*ackwise.Message{got[0], got[2]}, errs)
-	if errs[0] == nil {
-		t.Fatal("AckBatch of a message acked before: no error, want the one Ack returns")
-	}
-	if errs[1] != nil {
-		t.Fatalf("AckBatch: third message: %v", errs[1])
-	}
-	if err := src.Close(); err != nil {
-		t.Fatalf("close: %v", err)
-	}
-	// After a restart the next delivery is a message published after the
-	// acked ones: none of them comes back.
-	h.publish(t, f, in[3:])
-	if next := h.receiveOne(t, f.NewSource(t)); next.ID != in[3].ID {
-		t.Fatalf("after the restart received %s, want %s (acked messages came back)", next.ID, in[3].ID)
 	}
 }
 
@@ -1069,8 +1034,6 @@ func testReleaseNotOvertaken(t *testing.T, h Harness) {
 // delivery's partition was revoked or its channel died: the engine releases
 // that message unrun. The check waits until the engine has received want
 // messages, so that the others of its key wait behind it in its lane.
-// (Embedding hides AckBatch and Recycle: the engine acks one at a time and
-// does not recycle, which changes nothing here.)
 type invalidOnce struct {
 	adapters.Source
 	want     int64
@@ -1103,6 +1066,14 @@ func (s *invalidOnce) Valid(m *ackwise.Message) bool {
 		s.gaveUp.Store(true)
 	}
 	return false
+}
+
+// Extensions drops Invalidator: invalidOnce's Valid says no where the
+// wrapped source, which would tell the engine, says yes.
+func (s *invalidOnce) Extensions() adapters.Extensions {
+	ext := s.Source.Extensions()
+	ext.Invalidator = nil
+	return ext
 }
 
 // testReleasedLaneNotOvertaken: when the engine hands a message back to the

@@ -37,20 +37,24 @@ func TestConformance(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = sink.Close() })
+		newSource := func(t testing.TB) adapters.Source {
+			src, err := kafka.NewSource(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = src.Close() })
+			return src
+		}
 		return adaptertest.Fixture{
-			Sink: sink,
-			NewSource: func(t testing.TB) adapters.Source {
-				src, err := kafka.NewSource(ctx, cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = src.Close() })
-				return src
-			},
+			Sink:      sink,
+			NewSource: newSource,
 			DeadLetters: func(ctx context.Context, t testing.TB) []*ackwise.Message {
 				return kafka.ReadTopicForTest(ctx, t, brokers, topic+kafka.DefaultDeadLetterSuffix)
 			},
 			Refuse: refuseTooLarge,
+			// A member joining the group: the rebalance revokes a
+			// partition of the others.
+			Invalidate: func(t testing.TB, _ adapters.Source) { newSource(t) },
 		}
 	}})
 }

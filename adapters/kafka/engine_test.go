@@ -35,6 +35,15 @@ func (s lateAcks) Ack(ctx context.Context, m *ackwise.Message) error {
 	return err
 }
 
+// Extensions drops BatchAcker, whose AckBatch would ack around
+// lateAcks.Ack, and Recycler: the group tests' observers tell deliveries
+// apart by their *Message, which a recycled message would reuse.
+func (s lateAcks) Extensions() adapters.Extensions {
+	ext := s.Source.Extensions()
+	ext.BatchAcker, ext.Recycler = nil, nil
+	return ext
+}
+
 // tally records handled IDs and wakes waiters.
 type tally struct {
 	mu      sync.Mutex

@@ -424,6 +424,12 @@ func (s *ShareSource) Capabilities() adapters.Capabilities {
 	return adapters.Capabilities{Lease: s.lease, ExtendLease: s.renews, DeliveryCount: true}
 }
 
+// Extensions declares Detacher (a payload detached from its fetch) and
+// Invalidator (told on Close).
+func (s *ShareSource) Extensions() adapters.Extensions {
+	return adapters.Extensions{Detacher: s, Invalidator: s}
+}
+
 // Receive hands out the records of the current poll; once all are handed
 // out it waits until all are settled, then polls again.
 func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {

@@ -298,6 +298,13 @@ func (s *Source) Backlog(ctx context.Context) (int, error) {
 // longest tier) when retry tiers are configured.
 func (s *Source) Capabilities() adapters.Capabilities { return s.caps }
 
+// Extensions declares all four: the source recycles its deliveries, acks
+// batches under one lock, detaches a payload from its fetch, and tells of
+// revokes and lost partitions.
+func (s *Source) Extensions() adapters.Extensions {
+	return adapters.Extensions{Recycler: s, BatchAcker: s, Detacher: s, Invalidator: s}
+}
+
 func (s *Source) onAssigned(ctx context.Context, cl *kgo.Client, assigned map[string][]int32) {
 	// The settled offsets above each committed offset, left in the commit
 	// metadata by the previous owner: they are not delivered again.

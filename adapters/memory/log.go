@@ -884,6 +884,11 @@ func (s *GroupSource) OnInvalid(f func()) { s.hook.OnInvalid(f) }
 // Capabilities: Log and Ordered.
 func (s *GroupSource) Capabilities() adapters.Capabilities { return logCaps }
 
+// Extensions declares Invalidator (see OnInvalid).
+func (s *GroupSource) Extensions() adapters.Extensions {
+	return adapters.Extensions{Invalidator: s}
+}
+
 // Close leaves the group (its partitions go to the other members, which
 // re-read unsettled records from the committed offset). Offsets are
 // committed as records are settled, so nothing is left to commit. A blocked

@@ -925,6 +925,11 @@ func (s *QueueSource) OnInvalid(f func()) { s.hook.OnInvalid(f) }
 // queue.
 func (s *QueueSource) Capabilities() adapters.Capabilities { return s.q.caps }
 
+// Extensions declares Invalidator (see OnInvalid).
+func (s *QueueSource) Extensions() adapters.Extensions {
+	return adapters.Extensions{Invalidator: s}
+}
+
 // Close stops the source: a blocked Receive returns adapters.ErrClosed, and
 // so do later calls. Unsettled deliveries come back when their leases run
 // out, as they would on SQS. Closing twice is harmless.

@@ -77,6 +77,13 @@ func harness(qt QueueType) adaptertest.Harness {
 				return append([]*ackwise.Message(nil), dead...)
 			},
 			Refuse: refuse,
+			// The broker closing the source's connection (not the
+			// sink's: its name has a suffix).
+			Invalidate: func(t testing.TB, _ adapters.Source) {
+				if closeConnections(t, cfg.ConnectionName+`"`) == 0 {
+					t.Fatalf("no connection named %s to close", cfg.ConnectionName)
+				}
+			},
 		}
 	}}
 }

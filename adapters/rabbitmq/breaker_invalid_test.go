@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/retry"
 )
@@ -29,6 +30,12 @@ func (s invalidSeen) OnInvalid(f func()) {
 		}
 		f()
 	})
+}
+
+// Extensions declares the wrapper's OnInvalid: the embedded Source's would
+// reach the source around it.
+func (s invalidSeen) Extensions() adapters.Extensions {
+	return adapters.Extensions{Invalidator: s}
 }
 
 // genOutcome is an outcome, the message it was for, the channel generation

@@ -875,6 +875,12 @@ func (s *Source) Capabilities() adapters.Capabilities {
 	return c
 }
 
+// Extensions declares Invalidator: a dead channel, and a delivery held past
+// ConsumerTimeoutWarn, are told of.
+func (s *Source) Extensions() adapters.Extensions {
+	return adapters.Extensions{Invalidator: s}
+}
+
 // Close lets the moves in flight (Nack, DeadLetter) finish, waiting at most
 // 10s in all for their publisher confirms, writes the acks not yet written,
 // stops consuming and closes the connections. Unacknowledged deliveries are

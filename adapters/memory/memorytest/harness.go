@@ -39,8 +39,9 @@ func QueueHarness(b *memory.Broker) adaptertest.Harness {
 
 // LogHarness connects the conformance suite to topics on b: each fixture is a
 // fresh topic with the fixture's Partitions, consumed by one consumer group
-// whose members NewSource adds, dead-lettering into "<topic>.dlq". Fixtures
-// are deleted when the test ends.
+// whose members NewSource adds, dead-lettering into "<topic>.dlq". A member
+// joining the group is the fixture's Invalidate: it takes partitions from
+// the others. Fixtures are deleted when the test ends.
 func LogHarness(b *memory.Broker) adaptertest.Harness {
 	return adaptertest.Harness{Open: func(t testing.TB, cfg adaptertest.FixtureConfig) adaptertest.Fixture {
 		t.Helper()
@@ -48,7 +49,9 @@ func LogHarness(b *memory.Broker) adaptertest.Harness {
 		if err := b.CreateTopic(name, memory.TopicConfig{Partitions: cfg.Partitions}); err != nil {
 			t.Fatalf("memorytest: %v", err)
 		}
-		return fixture(t, b, name, func(t testing.TB) (adapters.Source, error) { return b.JoinGroup(name, "conformance") })
+		f := fixture(t, b, name, func(t testing.TB) (adapters.Source, error) { return b.JoinGroup(name, "conformance") })
+		f.Invalidate = func(t testing.TB, _ adapters.Source) { f.NewSource(t) }
+		return f
 	}}
 }
 
