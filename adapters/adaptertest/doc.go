@@ -13,6 +13,14 @@
 // and drains that lose nothing, the in-flight bound, leases extended or run
 // out, and a released message not overtaken by the others of its key.
 //
+// Each optional part a source declares in its [adapters.Extensions] is
+// checked: a Recycler's recycled messages are handed out again whole while
+// those still in flight stay intact; a BatchAcker's AckBatch acks as Ack
+// does, reports per message and refuses a second settle; a Detacher's
+// Detach gives the payload memory of its own and changes nothing else; an
+// Invalidator's f is called after an invalidating event (Fixture.Invalidate,
+// or Close), once Valid is false for the deliveries lost.
+//
 // A case a broker cannot support by design is decided by what the source
 // declares (its Capabilities) or by a Fixture hook left nil, and calls
 // t.Skip saying what it did not check and why: go test -v and -json report
@@ -42,8 +50,10 @@
 // (Lease, Partitions, MaxAttempts, DelayTiers) and returns a [Fixture]: its
 // Sink, NewSource (a new consumer on the destination; opening one after
 // closing another models a restart), DeadLetters (what reached the
-// dead-letter destination), and Refuse (optional: make the broker refuse one
-// message alone). [Harness.Timeout] bounds every wait for the broker;
+// dead-letter destination), Refuse (optional: make the broker refuse one
+// message alone) and Invalidate (optional: an event that takes deliveries
+// from a source, such as a partition revoked or a connection closed by the
+// broker; nil means the suite closes the source). [Harness.Timeout] bounds every wait for the broker;
 // zero means [DefaultTimeout].
 //
 // [RedriveRun] is a helper for an adapter's own redrive tests.
