@@ -38,7 +38,9 @@ type Capabilities struct {
 	MaxDelay time.Duration
 	// DelayTiers, when set, are the only delays Nack can honour (one wait
 	// queue or retry topic per tier); the adapter rounds a delay up to the next
-	// tier.
+	// tier. Set, they are the adapter's word that its user named tiers: the
+	// engine's default retry mode then retries through the broker, even on
+	// an Ordered source (consumer.RetryAuto).
 	DelayTiers []time.Duration
 	// Lease is how long a delivery stays invisible to other consumers before
 	// the broker redelivers it; zero where deliveries have no lease (a log

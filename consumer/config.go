@@ -41,11 +41,17 @@ func (o Ordering) String() string {
 type RetryMode int
 
 const (
-	// RetryAuto retries in place when the source delivers keys in order
-	// (Capabilities.Ordered) and Ordering is not OrderNone, so a waiting
-	// message holds back its key (invariant 8); otherwise through the broker
-	// when it can delay (Capabilities.Delay); otherwise in place. It is the
-	// default.
+	// RetryAuto follows the adapter's configuration: name tiers in the
+	// adapter's URL (or config) and failed messages wait in the broker
+	// (retry topics, wait queues); leave them out and they wait in place, in
+	// the consumer. That is: through the broker when the source has delay
+	// tiers (Capabilities.DelayTiers), even on a source that delivers keys
+	// in order, where a retried message then leaves its key's order (use
+	// RetryInPlace to keep it); else in place when the source delivers keys
+	// in order (Capabilities.Ordered) and Ordering is not OrderNone, so a
+	// waiting message holds back its key (invariant 8); else through the
+	// broker when it can delay without tiers (Capabilities.Delay: the memory
+	// queue); else in place. It is the default.
 	RetryAuto RetryMode = iota
 	// RetryInPlace keeps the message in flight and runs it again after the
 	// delay, from a timer: no worker sleeps, other keys go on, its key waits.
@@ -54,7 +60,8 @@ const (
 	// RetryBroker hands the message back to the broker with the delay (Nack):
 	// a visibility timeout, a wait queue, a retry topic. It frees the slot at
 	// once but gives up per-key order for that key. The source must have
-	// Capabilities.Delay.
+	// Capabilities.Delay (on Kafka and RabbitMQ: delay tiers named); New
+	// fails otherwise.
 	RetryBroker
 )
 

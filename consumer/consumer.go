@@ -110,12 +110,15 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	switch cfg.RetryMode {
 	case RetryBroker:
 		if !caps.Delay {
-			return nil, fmt.Errorf("consumer: RetryMode = %v: the source cannot delay redelivery (Capabilities.Delay is false); use RetryInPlace or configure the adapter's delay mechanism (retry topics, wait queues)", cfg.RetryMode)
+			return nil, fmt.Errorf("consumer: RetryMode = %v: the source cannot delay redelivery (Capabilities.Delay is false): name delay tiers for its retry topics or wait queues (tiers= in its URL, the adapter config's tiers), or use RetryInPlace", cfg.RetryMode)
 		}
 	case RetryInPlace:
 		c.inPlace = true
 	default:
-		c.inPlace = !caps.Delay || (caps.Ordered && cfg.Ordering != OrderNone)
+		// Tiers named (the adapter was given retry topics or wait queues):
+		// through the broker, even on an ordered source.
+		tiered := caps.Delay && len(caps.DelayTiers) > 0
+		c.inPlace = !caps.Delay || (!tiered && caps.Ordered && cfg.Ordering != OrderNone)
 	}
 	if !c.inPlace && !ownSchedule && len(caps.DelayTiers) > 0 {
 		// Retries go through the source's tiers (retry topics, wait

@@ -361,7 +361,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{consumer.Config{Concurrency: 1 << 60}, "Concurrency = 1152921504606846976: at most MaxConcurrency"},
 		{consumer.Config{Concurrency: consumer.MaxConcurrency + 1, MaxInFlight: consumer.MaxInFlightMax}, "Concurrency = 65537"},
 		{consumer.Config{Ordering: 9}, "Ordering = 9"},
-		{consumer.Config{RetryMode: consumer.RetryBroker}, "cannot delay"},
+		{consumer.Config{RetryMode: consumer.RetryBroker}, "cannot delay redelivery (Capabilities.Delay is false): name delay tiers"},
 		{consumer.Config{DrainTimeout: -5}, "DrainTimeout = -5ns"},
 		{consumer.Config{Retry: retry.Policy{Multiplier: 0.5}}, "Multiplier = 0.5"},
 		{consumer.Config{Retry: retry.Policy{Jitter: 2}}, "Jitter = 2"},

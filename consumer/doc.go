@@ -5,8 +5,9 @@
 //
 //   - nil: acknowledge (invariant 1: never before the handler returned);
 //   - a transient or rate-limited error: redeliver later with backoff and
-//     jitter — through the broker's delay mechanism when per-key order does
-//     not need holding, else in place with a timer that holds only the key —
+//     jitter — through the broker's delay mechanism when the adapter was
+//     given delay tiers (retry topics, wait queues) or per-key order does not
+//     need holding, else in place with a timer that holds only the key —
 //     until the retry policy's attempts run out, then dead-letter with reason
 //     max-attempts;
 //   - a permanent error (or a panic, by default): dead-letter at once;

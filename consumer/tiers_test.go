@@ -10,6 +10,7 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/retry"
 )
@@ -63,6 +64,53 @@ func TestRetryWalksTheSourceTiers(t *testing.T) {
 			got = got[:len(src.nacked)]
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("delays asked of the source at attempts 1-%d: %v, want %v", len(got), got, tc.want)
+			}
+		})
+	}
+}
+
+// RetryAuto retries through the broker when the source has delay tiers (the
+// adapter was given retry topics or wait queues), even on a source that
+// delivers keys in order; without tiers it keeps the rule of before: in
+// place on an ordered source, through the broker where it can delay, else
+// in place. RetryInPlace stays in place whatever the tiers.
+func TestRetryAutoFollowsTiers(t *testing.T) {
+	t.Parallel()
+	tiers := []time.Duration{time.Minute}
+	for _, tc := range []struct {
+		name   string
+		caps   adapters.Capabilities
+		mode   consumer.RetryMode
+		broker bool
+	}{
+		{"ordered with tiers", adapters.Capabilities{Log: true, Ordered: true, Delay: true, DelayTiers: tiers, MaxDelay: time.Minute}, consumer.RetryAuto, true},
+		{"ordered without tiers", adapters.Capabilities{Log: true, Ordered: true}, consumer.RetryAuto, false},
+		{"ordered, delay without tiers", adapters.Capabilities{Ordered: true, Delay: true}, consumer.RetryAuto, false},
+		{"unordered with tiers", adapters.Capabilities{Delay: true, DelayTiers: tiers}, consumer.RetryAuto, true},
+		{"unordered, delay without tiers", adapters.Capabilities{Delay: true}, consumer.RetryAuto, true},
+		{"unordered without delay", adapters.Capabilities{}, consumer.RetryAuto, false},
+		{"ordered with tiers, in place asked", adapters.Capabilities{Log: true, Ordered: true, Delay: true, DelayTiers: tiers}, consumer.RetryInPlace, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			src := newFakeSource(tc.caps, msgs(1, 1)...)
+			c, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+				return errors.New("transient")
+			}), consumer.Config{RetryMode: tc.mode, Clock: memory.NewVirtualClock(time.Time{})})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, c)
+			if !waitStats(c, 5*time.Second, func(s consumer.Stats) bool { return s.Retried == 1 }) {
+				t.Fatalf("stats %+v: want one retry", c.Stats())
+			}
+			if err := stop(); err != nil {
+				t.Fatalf("Run: %v", err)
+			}
+			src.mu.Lock()
+			defer src.mu.Unlock()
+			if broker := len(src.nacked) == 1; broker != tc.broker {
+				t.Fatalf("retried through the broker (Nack): %v, want %v", broker, tc.broker)
 			}
 		})
 	}

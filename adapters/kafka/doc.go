@@ -74,9 +74,9 @@
 //     none is), with acks=all, waits for the broker's confirmation and only
 //     then marks the source record settled (invariant 3). Throughput wins,
 //     and per-key order is given up: a retried record is handled after later
-//     records of its key. The consumer engine uses the retry topics only when
-//     asked to (consumer.Config{RetryMode: consumer.RetryBroker}); its
-//     default for an ordered source is to retry in place.
+//     records of its key. The consumer engine's default (RetryAuto) uses the
+//     retry topics whenever RetryTiers are set; consumer.RetryInPlace keeps
+//     retries in place, and per-key order, with them.
 //
 // Retry topics are named by [Config.RetryTopic], by default
 // [DefaultRetryTopic]: "<topic>.retry.<tier>", for example orders.retry.1m

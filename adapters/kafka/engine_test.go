@@ -271,34 +271,42 @@ func TestPoisonRecordDoesNotStopPartition(t *testing.T) {
 // topic, then to the second's. Before, the policy's own exponential delays
 // (1s, 2s) were rounded by the source to a tier, and with tiers shorter
 // than them every hop went to the longest tier's topic (with longer tiers,
-// every hop to the first): the chain was never walked.
+// every hop to the first): the chain was never walked. The default retry
+// mode (RetryAuto) takes the retry topics too, as RetryBroker does: tiers
+// named, retries go through the broker. Before, RetryAuto retried in place
+// on the ordered source and left the retry topics unused.
 func TestRetryChainWalksTiers(t *testing.T) {
 	t.Parallel()
-	brokers := newCluster(t)
-	tiers := []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}
-	cfg := testConfig(t, brokers, 1, tiers...)
-	publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
-	seen := newTally()
-	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
-		if m.Attempt < 3 {
-			return errors.New("not yet")
-		}
-		seen.add(m.ID)
-		return nil
-	})
-	runConsumer(t, openSource(t, cfg), h, consumer.Config{RetryMode: consumer.RetryBroker})
-	seen.wait(t, "the record at its third attempt", 20*time.Second, func(s map[string]int) bool { return len(s) == 1 })
-	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer rcancel()
-	var hops []string
-	for _, tier := range tiers {
-		topic := DefaultRetryTopic(cfg.Topic, tier)
-		for _, r := range readAll(rctx, t, brokers, topic) {
-			hops = append(hops, topic+" attempt "+recordMessage(r).Headers.Get(ackwise.HeaderAttempt))
-		}
-	}
-	want := []string{DefaultRetryTopic(cfg.Topic, tiers[0]) + " attempt 2", DefaultRetryTopic(cfg.Topic, tiers[1]) + " attempt 3"}
-	if !slices.Equal(hops, want) {
-		t.Fatalf("retry hops %q, want %q", hops, want)
+	for _, mode := range []consumer.RetryMode{consumer.RetryBroker, consumer.RetryAuto} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			brokers := newCluster(t)
+			tiers := []time.Duration{50 * time.Millisecond, 100 * time.Millisecond}
+			cfg := testConfig(t, brokers, 1, tiers...)
+			publishN(t, openSink(t, cfg), 1, func(int) string { return "k" })
+			seen := newTally()
+			h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+				if m.Attempt < 3 {
+					return errors.New("not yet")
+				}
+				seen.add(m.ID)
+				return nil
+			})
+			runConsumer(t, openSource(t, cfg), h, consumer.Config{RetryMode: mode})
+			seen.wait(t, "the record at its third attempt", 20*time.Second, func(s map[string]int) bool { return len(s) == 1 })
+			rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer rcancel()
+			var hops []string
+			for _, tier := range tiers {
+				topic := DefaultRetryTopic(cfg.Topic, tier)
+				for _, r := range readAll(rctx, t, brokers, topic) {
+					hops = append(hops, topic+" attempt "+recordMessage(r).Headers.Get(ackwise.HeaderAttempt))
+				}
+			}
+			want := []string{DefaultRetryTopic(cfg.Topic, tiers[0]) + " attempt 2", DefaultRetryTopic(cfg.Topic, tiers[1]) + " attempt 3"}
+			if !slices.Equal(hops, want) {
+				t.Fatalf("retry hops %q, want %q", hops, want)
+			}
+		})
 	}
 }

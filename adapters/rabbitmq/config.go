@@ -130,9 +130,12 @@ type Config struct {
 	Plain bool
 	// DelayTiers are the redelivery delays, one wait queue per tier, named
 	// WaitQueueName(Queue, tier). Nack rounds a delay up to the next tier and
-	// cuts it to the largest. Empty means TiersFor(retry.Policy{}), the tiers
-	// of the default retry policy (1s, 2s, 4s, 8s). Each must be a whole
-	// number of milliseconds, at least 1ms.
+	// cuts it to the largest; the consumer engine's default (RetryAuto)
+	// retries through them. Empty means no wait queues: Nack returns
+	// ErrNoTiers, Capabilities.Delay is false, and failed messages wait in
+	// place, in the consumer (TiersFor(policy) gives tiers that serve a
+	// retry policy). Each must be a whole number of milliseconds, at least
+	// 1ms.
 	DelayTiers []time.Duration
 	// DeadLetterQueue is the queue DeadLetter publishes to. Empty means
 	// Queue + ".dlq".
@@ -371,9 +374,7 @@ func (cfg Config) validate() (validated, error) {
 	case v.Prefetch < 0 || v.Prefetch > 65535:
 		return v, fmt.Errorf("rabbitmq: Prefetch = %d: must be in [1, 65535] (0 means %d)", cfg.Prefetch, DefaultPrefetch)
 	}
-	if len(v.DelayTiers) == 0 {
-		v.DelayTiers = TiersFor(retry.Policy{})
-	} else {
+	if len(v.DelayTiers) > 0 {
 		for i, t := range v.DelayTiers {
 			if t < time.Millisecond || t%time.Millisecond != 0 {
 				return v, fmt.Errorf("rabbitmq: DelayTiers[%d] = %v: must be a whole number of milliseconds, at least 1ms", i, t)

@@ -32,7 +32,7 @@ func TestConfigValidation(t *testing.T) {
 		{"tier fraction of ms", func(c *Config) { c.DelayTiers = []time.Duration{1500 * time.Microsecond} }, "DelayTiers[0] = 1.5ms"},
 		{"dlq is queue", func(c *Config) { c.DeadLetterQueue = "orders" }, `DeadLetterQueue = "orders"`},
 		// Dead letters would expire back into the work queue.
-		{"dlq is a wait queue", func(c *Config) { c.DeadLetterQueue = "orders.wait.1s" }, `DeadLetterQueue = "orders.wait.1s"`},
+		{"dlq is a wait queue", func(c *Config) { c.DelayTiers = []time.Duration{time.Second}; c.DeadLetterQueue = "orders.wait.1s" }, `DeadLetterQueue = "orders.wait.1s"`},
 		{"consumer timeout", func(c *Config) { c.ConsumerTimeout = -5 }, "ConsumerTimeout = -5ns"},
 		{"warn above timeout", func(c *Config) { c.ConsumerTimeout = time.Minute; c.ConsumerTimeoutWarn = 2 * time.Minute }, "ConsumerTimeoutWarn = 2m0s"},
 		{"heartbeat", func(c *Config) { c.Heartbeat = -time.Second }, "Heartbeat = -1s"},
@@ -81,9 +81,13 @@ func TestConfigDefaults(t *testing.T) {
 		v.ConsumerTimeout != DefaultConsumerTimeout || v.ConsumerTimeoutWarn != 24*time.Minute {
 		t.Fatalf("defaults: %+v", v.Config)
 	}
-	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second}
-	if !slices.Equal(v.DelayTiers, want) {
-		t.Fatalf("default tiers %v, want %v", v.DelayTiers, want)
+	// No tiers named, no wait queues: retries wait in place.
+	if len(v.DelayTiers) != 0 || len(v.waitQueues) != 0 {
+		t.Fatalf("without DelayTiers: tiers %v, wait queues %v, want none", v.DelayTiers, v.waitQueues)
+	}
+	v, err = Config{URL: "amqp://localhost/", Queue: "orders", DelayTiers: TiersFor(retry.Policy{})}.validate()
+	if err != nil {
+		t.Fatal(err)
 	}
 	if want := []string{"orders.wait.1s", "orders.wait.2s", "orders.wait.4s", "orders.wait.8s"}; !slices.Equal(v.waitQueues, want) {
 		t.Fatalf("wait queues %v, want %v", v.waitQueues, want)

@@ -20,10 +20,12 @@
 //     x-dead-letter-routing-key Q.dlq, so that what the broker itself
 //     dead-letters (a quorum queue's delivery limit, a reject) lands in the
 //     dead-letter queue too;
-//   - one wait queue per delay tier, Q.wait.<tier> (Q.wait.1s, Q.wait.30s,
-//     Q.wait.5m; see [WaitQueueName]), with x-message-ttl = the tier and
-//     x-dead-letter-exchange "" / x-dead-letter-routing-key Q: a message
-//     published there comes back to Q when the tier has passed. The TTL is
+//   - one wait queue per delay tier named (Config.DelayTiers, tiers= in the
+//     URL; without tiers there are none, Nack returns ErrNoTiers and the
+//     consumer engine retries in place), Q.wait.<tier> (Q.wait.1s,
+//     Q.wait.30s, Q.wait.5m; see [WaitQueueName]), with x-message-ttl = the
+//     tier and x-dead-letter-exchange "" / x-dead-letter-routing-key Q: a
+//     message published there comes back to Q when the tier has passed. The TTL is
 //     per queue, not per message: per-message expiration is only enforced at
 //     the head of a queue, so one long delay would hold back every shorter
 //     one behind it;

@@ -34,6 +34,12 @@ var ErrNacked = errors.New("rabbitmq: broker refused the message")
 // does not try such a move again.
 var ErrPlain = fmt.Errorf("rabbitmq: plain source: no wait or dead-letter queues: %w", errors.ErrUnsupported)
 
+// ErrNoTiers is returned (wrapped) by Nack on a source opened without
+// Config.DelayTiers (tiers= in the URL): it has no wait queues to delay a
+// message in, and its Capabilities.Delay is false, so the engine retries
+// in place. It wraps errors.ErrUnsupported.
+var ErrNoTiers = fmt.Errorf("rabbitmq: no delay tiers (Config.DelayTiers, tiers= in the URL): no wait queues: %w", errors.ErrUnsupported)
+
 // errConnLost marks a publish whose confirmation never came because its
 // channel died; the publisher sends it again on the next channel.
 var errConnLost = errors.New("rabbitmq: channel closed before the broker confirmed")

@@ -80,15 +80,12 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		log:     v.Logger,
 		changed: make(chan struct{}),
 		closed:  make(chan struct{}),
-		caps: adapters.Capabilities{
-			Delay:         true,
-			DelayTiers:    slices.Clone(v.DelayTiers),
-			MaxDelay:      v.DelayTiers[len(v.DelayTiers)-1],
-			DeliveryCount: v.QueueType == Quorum,
-		},
+		caps:    adapters.Capabilities{DeliveryCount: v.QueueType == Quorum},
 	}
-	if v.Plain {
-		s.caps = adapters.Capabilities{DeliveryCount: v.QueueType == Quorum}
+	if n := len(v.DelayTiers); n > 0 {
+		s.caps.Delay = true
+		s.caps.DelayTiers = slices.Clone(v.DelayTiers)
+		s.caps.MaxDelay = v.DelayTiers[n-1]
 	}
 	mp := v.MeterProvider
 	if mp == nil {
@@ -603,6 +600,9 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if s.v.Plain {
 		return fmt.Errorf("rabbitmq: nack of %s: %w", s.v.Queue, ErrPlain)
 	}
+	if len(s.v.waitQueues) == 0 {
+		return fmt.Errorf("rabbitmq: nack of %s: %w", s.v.Queue, ErrNoTiers)
+	}
 	r, err := s.receipt("nack", msg)
 	if err != nil {
 		return err
@@ -866,8 +866,9 @@ func (s *Source) Backlog(ctx context.Context) (int, error) {
 	return ss.ready, nil
 }
 
-// Capabilities reports Delay with DelayTiers (one wait queue each), MaxDelay
-// the largest tier, DeliveryCount on quorum queues only, and no lease
+// Capabilities reports Delay with DelayTiers (one wait queue each) and
+// MaxDelay the largest tier when Config.DelayTiers is set (else no Delay:
+// the engine retries in place), DeliveryCount on quorum queues only, and no lease
 // (Lease 0, ExtendLease false: see Config.ConsumerTimeout).
 func (s *Source) Capabilities() adapters.Capabilities {
 	c := s.caps

@@ -368,7 +368,7 @@ func TestAttemptCounting(t *testing.T) {
 func TestReceiptVoidAfterServerSideClose(t *testing.T) {
 	t.Parallel()
 	c := needBroker(t)
-	cfg := testConfig(t, Classic)
+	cfg := testConfig(t, Classic, time.Second)
 	declare(t, cfg)
 	src := newSource(t, cfg)
 	sink := newSink(t, SinkConfig{URL: cfg.URL, RoutingKey: cfg.Queue, ConnectionName: cfg.ConnectionName + "-sink"})
@@ -817,21 +817,8 @@ func TestOpenByURL(t *testing.T) {
 	t.Parallel()
 	c := needBroker(t)
 	cfg := testConfig(t, Quorum, 200*time.Millisecond)
-	u, err := newConn(testURL(), nil, 0, "", 0, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	parsed, _ := amqp.ParseURI(u.url)
-	q := url.Values{"queue_type": {"quorum"}, "tiers": {"200ms"}, "declare": {"true"}, "connection_name": {cfg.ConnectionName}, "vhost": {parsed.Vhost}}
-	rawURL := func(q url.Values) string {
-		return (&url.URL{
-			Scheme:   "rabbit",
-			User:     url.UserPassword(parsed.Username, parsed.Password),
-			Host:     fmt.Sprintf("%s:%d", parsed.Host, parsed.Port),
-			Path:     "/" + cfg.Queue,
-			RawQuery: q.Encode(),
-		}).String()
-	}
+	q := url.Values{"queue_type": {"quorum"}, "tiers": {"200ms"}, "declare": {"true"}, "connection_name": {cfg.ConnectionName}}
+	rawURL := func(q url.Values) string { return sourceURL(t, cfg.Queue, q) }
 	sink, err := adapters.OpenSink(ctxT(t), rawURL(q))
 	if err != nil {
 		t.Fatalf("OpenSink: %v", err)
