@@ -19,5 +19,17 @@
 //
 // Adapters register a URL scheme with [Register]; [OpenSource] and
 // [OpenSink] pick the adapter from the URL, so swapping brokers is a
-// configuration change.
+// configuration change. What a URL cannot carry goes in options:
+//
+//	src, err := adapters.OpenSource(ctx, "amqps://user:pw@broker/orders?tiers=1s,1m",
+//		adapters.WithLogger(logger),
+//		adapters.WithMeterProvider(mp), adapters.WithTracerProvider(tp),
+//		adapters.WithTLSConfig(tlsConfig))
+//
+// An adapter uses every option it is given or refuses to open, with an
+// error wrapping [ErrUnsupportedOption] naming it: an option is never
+// silently ignored. Adapter-specific options ([WithAdapterOption]) come as
+// functions of the adapter's package; one adapter refuses another's.
+// Each adapter's package documentation lists its URL parameters (which
+// side, source or sink, takes each) and what it does with each option.
 package adapters

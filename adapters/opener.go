@@ -2,20 +2,139 @@ package adapters
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Opener opens sources and sinks for one URL scheme. Either function may be
-// nil when the adapter offers only one side.
+// nil when the adapter offers only one side. Each gets the options the
+// caller of [OpenSource] or [OpenSink] gave, applied in order; it uses
+// every one it is given or refuses it with an error wrapping
+// [ErrUnsupportedOption] (see [OpenOptions]).
 type Opener struct {
-	OpenSource func(ctx context.Context, u *url.URL) (Source, error)
-	OpenSink   func(ctx context.Context, u *url.URL) (Sink, error)
+	OpenSource func(ctx context.Context, u *url.URL, o OpenOptions) (Source, error)
+	OpenSink   func(ctx context.Context, u *url.URL, o OpenOptions) (Sink, error)
+}
+
+// OpenOptions are what a program passes to an adapter opened by URL
+// besides the URL: what a URL cannot carry (a logger, telemetry
+// providers, a *tls.Config) and adapter-specific values
+// ([WithAdapterOption]). A nil field is not given.
+//
+// The rule for adapters: an option is used or refused, never ignored. An
+// adapter given an option it cannot use (a TLS config for a broker without
+// a network), or an adapter option whose key is not its own
+// ([OpenOptions.CheckAdapterOptions]), fails to open with an error
+// wrapping [ErrUnsupportedOption] that names the option. Each adapter's
+// documentation says what it does with each option.
+type OpenOptions struct {
+	// Logger receives the adapter's log records (reconnections, warnings).
+	Logger *slog.Logger
+	// MeterProvider gives the adapter's meters.
+	MeterProvider metric.MeterProvider
+	// TracerProvider gives the adapter's tracers.
+	TracerProvider trace.TracerProvider
+	// TLS is the TLS configuration for the broker connection.
+	TLS *tls.Config
+
+	adapter []adapterOption // in the order given
+}
+
+type adapterOption struct{ key, value any }
+
+// OpenOption sets a field of [OpenOptions].
+type OpenOption func(*OpenOptions)
+
+// WithLogger gives the adapter a logger.
+func WithLogger(l *slog.Logger) OpenOption { return func(o *OpenOptions) { o.Logger = l } }
+
+// WithMeterProvider gives the adapter a meter provider.
+func WithMeterProvider(mp metric.MeterProvider) OpenOption {
+	return func(o *OpenOptions) { o.MeterProvider = mp }
+}
+
+// WithTracerProvider gives the adapter a tracer provider.
+func WithTracerProvider(tp trace.TracerProvider) OpenOption {
+	return func(o *OpenOptions) { o.TracerProvider = tp }
+}
+
+// WithTLSConfig gives the adapter a TLS configuration for its broker
+// connection. Each adapter's documentation says how it combines with the
+// URL's TLS parameters.
+func WithTLSConfig(c *tls.Config) OpenOption { return func(o *OpenOptions) { o.TLS = c } }
+
+// WithAdapterOption gives one adapter a value of its own, under key: a
+// value of an unexported type of the adapter's package, so that no other
+// package can make it. Adapters wrap it in their own exported functions
+// (for example an adapter's WithClientOptions); programs call those rather
+// than this. A later option with the same key replaces an earlier one.
+func WithAdapterOption(key, value any) OpenOption {
+	return func(o *OpenOptions) {
+		for i := range o.adapter {
+			if o.adapter[i].key == key {
+				o.adapter[i].value = value
+				return
+			}
+		}
+		o.adapter = append(o.adapter, adapterOption{key, value})
+	}
+}
+
+// AdapterOption returns the value given under key with
+// [WithAdapterOption], and whether one was.
+func (o OpenOptions) AdapterOption(key any) (any, bool) {
+	for _, a := range o.adapter {
+		if a.key == key {
+			return a.value, true
+		}
+	}
+	return nil, false
+}
+
+// ErrUnsupportedOption is wrapped by the error of an adapter refusing an
+// option it cannot use ([UnsupportedOption],
+// [OpenOptions.CheckAdapterOptions]).
+var ErrUnsupportedOption = errors.New("open option not supported")
+
+// UnsupportedOption returns the error of adapter ("memory") refusing the
+// option named option ("WithTLSConfig"), saying why: it wraps
+// [ErrUnsupportedOption].
+func UnsupportedOption(adapter, option, why string) error {
+	return fmt.Errorf("%s: %s: %w: %s", adapter, option, ErrUnsupportedOption, why)
+}
+
+// CheckAdapterOptions returns an error wrapping [ErrUnsupportedOption] if
+// o holds an adapter option ([WithAdapterOption]) whose key is none of
+// known: one made for another adapter, which this one would otherwise
+// ignore. The error names the key's type, which names its package.
+func (o OpenOptions) CheckAdapterOptions(adapter string, known ...any) error {
+	for _, a := range o.adapter {
+		if !slices.Contains(known, a.key) {
+			return UnsupportedOption(adapter, fmt.Sprintf("adapter option %T", a.key), "not one of "+adapter+"'s (an option of another adapter?)")
+		}
+	}
+	return nil
+}
+
+func applyOptions(opts []OpenOption) OpenOptions {
+	var o OpenOptions
+	for _, f := range opts {
+		if f != nil {
+			f(&o)
+		}
+	}
+	return o
 }
 
 var (
@@ -122,9 +241,10 @@ func lookup(rawURL string) (*url.URL, Opener, error) {
 
 // OpenSource opens a source by URL, for example "mem://orders",
 // "kafka://broker:9092/orders?group=billing" or
-// "amqp://guest:guest@localhost:5672/orders". Errors never contain the URL's
-// password.
-func OpenSource(ctx context.Context, rawURL string) (Source, error) {
+// "amqp://guest:guest@localhost:5672/orders", with the options given (a
+// nil one is skipped; see [OpenOptions] for what adapters do with them).
+// Errors never contain the URL's password.
+func OpenSource(ctx context.Context, rawURL string, opts ...OpenOption) (Source, error) {
 	u, o, err := lookup(rawURL)
 	if err != nil {
 		return nil, err
@@ -132,11 +252,12 @@ func OpenSource(ctx context.Context, rawURL string) (Source, error) {
 	if o.OpenSource == nil {
 		return nil, fmt.Errorf("adapters: scheme %q cannot open a source", u.Scheme)
 	}
-	return o.OpenSource(ctx, u)
+	return o.OpenSource(ctx, u, applyOptions(opts))
 }
 
-// OpenSink opens a sink by URL. Errors never contain the URL's password.
-func OpenSink(ctx context.Context, rawURL string) (Sink, error) {
+// OpenSink opens a sink by URL, with the options given, as [OpenSource]
+// opens a source. Errors never contain the URL's password.
+func OpenSink(ctx context.Context, rawURL string, opts ...OpenOption) (Sink, error) {
 	u, o, err := lookup(rawURL)
 	if err != nil {
 		return nil, err
@@ -144,5 +265,5 @@ func OpenSink(ctx context.Context, rawURL string) (Sink, error) {
 	if o.OpenSink == nil {
 		return nil, fmt.Errorf("adapters: scheme %q cannot open a sink", u.Scheme)
 	}
-	return o.OpenSink(ctx, u)
+	return o.OpenSink(ctx, u, applyOptions(opts))
 }

@@ -22,14 +22,14 @@ import (
 
 func init() {
 	adapters.Register("kafka", adapters.Opener{
-		OpenSource: func(ctx context.Context, u *url.URL) (adapters.Source, error) {
+		OpenSource: func(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Source, error) {
 			cfg, err := ParseURL(u)
 			if err != nil {
 				return nil, err
 			}
 			return NewSource(ctx, cfg)
 		},
-		OpenSink: func(ctx context.Context, u *url.URL) (adapters.Sink, error) {
+		OpenSink: func(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Sink, error) {
 			cfg, err := ParseSinkURL(u)
 			if err != nil {
 				return nil, err

@@ -207,7 +207,7 @@ func parseURL(u *url.URL) (target, error) {
 	return tg, nil
 }
 
-func openSource(ctx context.Context, u *url.URL) (adapters.Source, error) {
+func openSource(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Source, error) {
 	tg, err := parseURL(u)
 	if err != nil {
 		return nil, err
@@ -228,7 +228,7 @@ func openSource(ctx context.Context, u *url.URL) (adapters.Source, error) {
 	return tg.broker.QueueSource(tg.name)
 }
 
-func openSink(ctx context.Context, u *url.URL) (adapters.Sink, error) {
+func openSink(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Sink, error) {
 	tg, err := parseURL(u)
 	if err != nil {
 		return nil, err

@@ -16,14 +16,14 @@ import (
 
 func init() {
 	o := adapters.Opener{
-		OpenSource: func(ctx context.Context, u *url.URL) (adapters.Source, error) {
+		OpenSource: func(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Source, error) {
 			cfg, err := ConfigFromURL(u)
 			if err != nil {
 				return nil, err
 			}
 			return NewSource(ctx, cfg)
 		},
-		OpenSink: func(ctx context.Context, u *url.URL) (adapters.Sink, error) {
+		OpenSink: func(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Sink, error) {
 			cfg, declare, err := SinkConfigFromURL(u)
 			if err != nil {
 				return nil, err
