@@ -159,6 +159,9 @@ type dest struct {
 	// voided are the sources whose deliveries stopped being Valid under
 	// mu, told when it is released (see unlock).
 	voided []*source
+	// observers report the faults and crashes of sources opened by URL
+	// with options, by source ID (see observe).
+	observers map[string]*observer
 
 	arena arena
 }
@@ -167,6 +170,10 @@ func (d *dest) base() *dest { return d }
 
 // record appends ev to the history. Caller holds d.mu.
 func (d *dest) record(ev Event, now time.Time) {
+	if len(d.observers) > 0 && ev.Consumer != "" {
+		ev.Time, ev.Dest = now, d.name
+		d.notify(ev)
+	}
 	if !d.b.history {
 		return
 	}

@@ -81,5 +81,28 @@
 //
 // Importing the package registers the "mem" scheme with adapters.Register:
 // "mem://orders" is the queue orders on [Default], "mem://events?partitions=4&group=billing"
-// a consumer-group member on a log; see [ParamLease] for the parameters.
+// a consumer-group member on a log; see [ParamLease] for the rules. The
+// parameters (all taken by source and sink URLs alike):
+//
+//	parameter     type               meaning
+//	lease         positive duration  queue: how long a delivery is leased before it is redelivered
+//	max_receives  int ≥ 0            queue: deliveries before the broker dead-letters a message (0: no limit)
+//	dlq           string             the dead-letter destination (default NAME.dlq)
+//	fifo          bool               queue: deliver each key's messages one at a time, in order
+//	partitions    int in [1, 65536]  log: number of partitions; makes the URL a log
+//	retention     int ≥ 0            log: records kept per partition (0: all); makes the URL a log
+//	group         string             log: the consumer group (a log source needs one); makes the URL a log
+//
+// Options of adapters.OpenSource and adapters.OpenSink: [WithBroker] opens
+// the destination on another broker than [Default]. With
+// adapters.WithLogger, WithMeterProvider or WithTracerProvider, the source
+// or sink reports every injected fault that fires on it, and a source its
+// crash (injected or by Crash): a Warn log record ("memory: injected fault
+// fired", "memory: source crashed", with the fault's name), a count
+// ([MetricFaults], [MetricCrashes], by [AttrFault]) and a span
+// ([SpanFault]; a sink's is a child of Publish's context). They are called
+// with the destination's lock held: the log handler, meter and tracer must
+// not call the broker. adapters.WithTLSConfig is refused (no network), and
+// so is another adapter's option, with an error wrapping
+// adapters.ErrUnsupportedOption.
 package memory

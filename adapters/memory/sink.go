@@ -2,6 +2,7 @@ package memory
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync/atomic"
@@ -25,6 +26,7 @@ type Sink struct {
 	b      *Broker
 	d      destination
 	closed atomic.Bool
+	obs    *observer // opened by URL with a logger, meter or tracer provider
 }
 
 var _ adapters.Sink = (*Sink)(nil)
@@ -52,6 +54,13 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	at, err := s.b.publishInto(ctx, s.d, withoutHopHeaders(msgs))
 	if at < 0 {
 		return err
+	}
+	if s.obs != nil {
+		k := FaultFailPublish
+		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			k = FaultHangPublish
+		}
+		s.obs.report(ctx, Event{Kind: EventFault, Fault: k, Dest: s.Name(), ID: adaptersEventID(msgs[at])})
 	}
 	errs := make([]error, len(msgs))
 	errs[at] = err

@@ -2,13 +2,12 @@ package memory
 
 import (
 	"context"
-	"fmt"
+	"math"
 	"net/url"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/internal/urlparam"
 )
 
 // Scheme is the URL scheme of the in-memory broker.
@@ -30,12 +29,15 @@ func init() {
 // QueueConfig.FIFO). Log parameters: partitions (TopicConfig.Partitions),
 // retention (TopicConfig.Retention), dlq (TopicConfig.DeadLetter), group (the
 // consumer group). Any of partitions, retention or group makes the URL a log.
+// Every parameter is taken by source and sink URLs alike (on a sink, group
+// only makes the URL a log).
 // A URL with configuration parameters creates the destination with them (and
 // defaults for the others), or checks that the existing one has them
 // (ErrConflict otherwise; the parameters left out are not checked); a URL
 // with none uses the destination as it is, creating it with the broker's
 // defaults.
-// An unknown parameter, a repeated one or a bad value is an error naming the
+// An unknown parameter, a repeated or empty one, a malformed query (a ';'
+// separator, a bad %-escape) or a bad value is an error naming the
 // parameter and the value. User info is ignored; a URL with an '@' after
 // its host (a password cut short by an unescaped '/', '?' or '#') is
 // refused without being shown, as the Kafka and RabbitMQ openers refuse it
@@ -58,6 +60,21 @@ const (
 	ParamGroup = "group"
 )
 
+// params is the table of "mem://" URL parameters.
+var params = func() *urlparam.Table {
+	t := urlparam.NewTable("memory",
+		urlparam.Param{Name: ParamLease, Side: urlparam.Both, Type: "positive duration", Doc: "queue: how long a delivery is leased before it is redelivered"},
+		urlparam.Param{Name: ParamMaxReceives, Side: urlparam.Both, Type: "int ≥ 0", Doc: "queue: deliveries before the broker dead-letters a message (0: no limit)"},
+		urlparam.Param{Name: ParamDLQ, Side: urlparam.Both, Type: "string", Doc: "the dead-letter queue (default NAME.dlq)"},
+		urlparam.Param{Name: ParamFIFO, Side: urlparam.Both, Type: "bool", Doc: "queue: deliver each key's messages one at a time, in order"},
+		urlparam.Param{Name: ParamPartitions, Side: urlparam.Both, Type: "int in [1, 65536]", Doc: "log: number of partitions; makes the URL a log"},
+		urlparam.Param{Name: ParamRetention, Side: urlparam.Both, Type: "int ≥ 0", Doc: "log: records kept per partition (0: all); makes the URL a log"},
+		urlparam.Param{Name: ParamGroup, Side: urlparam.Both, Type: "string", Doc: "log: the consumer group (a log source needs one); makes the URL a log"},
+	)
+	t.Schemes = []string{Scheme}
+	return t
+}()
+
 // target is a parsed "mem://" URL.
 type target struct {
 	name   string
@@ -66,7 +83,7 @@ type target struct {
 	queue  *QueueConfig // nil: no configuration parameters
 	topic  *TopicConfig
 	broker *Broker
-	given  url.Values // the parameters the URL sets
+	given  *urlparam.Query // the parameters the URL sets
 }
 
 // keepUnset makes the configuration of an existing destination what the
@@ -110,12 +127,14 @@ func (tg *target) keepUnset() {
 	}
 }
 
-func parseURL(u *url.URL) (target, error) {
+func parseURL(u *url.URL, side urlparam.Side) (target, error) {
 	tg := target{broker: Default()}
-	// First: a password cut short by an unescaped '/', '?' or '#' is now in
-	// the name, a parameter or the fragment, which the errors below quote
-	// ("mem://u:12345?S3CRET@q" named the parameter "S3CRET@q").
-	if err := adapters.RefuseMisplacedUserInfo("memory", u); err != nil {
+	// Parse refuses first a password cut short by an unescaped '/', '?' or
+	// '#', now in the name, a parameter or the fragment, which the errors
+	// below would quote ("mem://u:12345?S3CRET@q" named the parameter
+	// "S3CRET@q").
+	q, err := params.Parse(u, side)
+	if err != nil {
 		return tg, err
 	}
 	switch {
@@ -125,114 +144,85 @@ func parseURL(u *url.URL) (target, error) {
 		tg.name = strings.Trim(u.Host+u.Path, "/")
 	}
 	if tg.name == "" {
-		return tg, fmt.Errorf("memory: URL %s names no queue or topic (want mem://NAME)", adapters.RedactURL(u))
-	}
-	vals, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return tg, fmt.Errorf("memory: URL query %q: %w", u.RawQuery, err)
+		return tg, q.Errorf("", "%s names no queue or topic (want mem://NAME)", adapters.RedactURL(u))
 	}
 	var qc QueueConfig
-	tc := TopicConfig{}
-	var qset, tset bool
-	for k, vs := range vals {
-		if len(vs) != 1 {
-			return tg, fmt.Errorf("memory: URL parameter %s given %d times (%q)", k, len(vs), vs)
-		}
-		v := vs[0]
-		bad := func(why string) error {
-			return fmt.Errorf("memory: URL parameter %s = %q: %s", k, v, why)
-		}
-		switch k {
-		case ParamLease:
-			d, err := time.ParseDuration(v)
-			if err != nil || d <= 0 {
-				return tg, bad("want a positive duration such as 30s")
-			}
-			qc.Lease, qset = d, true
-		case ParamMaxReceives:
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return tg, bad("want a non-negative integer (0: no limit)")
-			}
-			qc.MaxReceives, qset = n, true
-		case ParamFIFO:
-			f, err := strconv.ParseBool(v)
-			if err != nil {
-				return tg, bad("want true or false")
-			}
-			qc.FIFO, qset = f, true
-		case ParamDLQ:
-			if v == "" {
-				return tg, bad("want a queue name")
-			}
-			qc.DeadLetter, tc.DeadLetter = v, v
-		case ParamPartitions:
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > 1<<16 {
-				return tg, bad("want an integer in [1, 65536]")
-			}
-			tc.Partitions, tset, tg.log = n, true, true
-		case ParamRetention:
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return tg, bad("want a non-negative integer (0 keeps everything)")
-			}
-			tc.Retention, tset, tg.log = n, true, true
-		case ParamGroup:
-			if v == "" {
-				return tg, bad("want a consumer group name")
-			}
-			tg.group, tg.log = v, true
-		default:
-			return tg, fmt.Errorf("memory: unknown URL parameter %s = %q (known: %s, %s, %s, %s, %s, %s, %s)", k, v,
-				ParamLease, ParamMaxReceives, ParamDLQ, ParamFIFO, ParamPartitions, ParamRetention, ParamGroup)
-		}
+	var tc TopicConfig
+	q.Duration(&qc.Lease, ParamLease, 1, urlparam.MaxDuration)
+	urlparam.Int(q, &qc.MaxReceives, ParamMaxReceives, 0, math.MaxInt)
+	q.Bool(&qc.FIFO, ParamFIFO)
+	q.String(&qc.DeadLetter, ParamDLQ)
+	tc.DeadLetter = qc.DeadLetter
+	urlparam.Int(q, &tc.Partitions, ParamPartitions, 1, 1<<16)
+	urlparam.Int(q, &tc.Retention, ParamRetention, 0, math.MaxInt)
+	q.String(&tg.group, ParamGroup)
+	if err := q.Err(); err != nil {
+		return tg, err
 	}
-	if _, ok := vals[ParamDLQ]; ok {
-		qset, tset = true, true
-	}
-	tg.given = vals
-	if tg.log {
-		for _, k := range []string{ParamLease, ParamMaxReceives, ParamFIFO} {
-			if v, ok := vals[k]; ok {
-				return tg, fmt.Errorf("memory: URL parameter %s = %q is a queue parameter, but %s/%s/%s make the URL a log", k, v[0], ParamPartitions, ParamRetention, ParamGroup)
-			}
+	tg.given = q
+	tg.log = q.First(ParamPartitions, ParamRetention, ParamGroup) != ""
+	switch {
+	case tg.log:
+		if k := q.First(ParamLease, ParamMaxReceives, ParamFIFO); k != "" {
+			return tg, q.Errorf(k, "is a queue parameter, but %s, %s or %s make the URL a log", ParamPartitions, ParamRetention, ParamGroup)
 		}
-		if tset {
+		if q.First(ParamPartitions, ParamRetention, ParamDLQ) != "" {
 			tg.topic = &tc
 		}
-	} else if qset {
+	case q.First(ParamLease, ParamMaxReceives, ParamFIFO, ParamDLQ) != "":
 		tg.queue = &qc
 	}
 	return tg, nil
 }
 
-func openSource(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Source, error) {
-	tg, err := parseURL(u)
+func openSource(ctx context.Context, u *url.URL, o adapters.OpenOptions) (adapters.Source, error) {
+	b, ob, err := openOptions(o)
 	if err != nil {
 		return nil, err
 	}
+	tg, err := parseURL(u, urlparam.Source)
+	if err != nil {
+		return nil, err
+	}
+	tg.broker = b
 	tg.keepUnset()
 	if tg.log {
-		if tg.group == "" {
-			return nil, fmt.Errorf("memory: URL parameter %s = \"\": a log source needs a consumer group (%s?%s=NAME)", ParamGroup, u.Redacted(), ParamGroup)
+		if !tg.given.Require(ParamGroup, "a log source needs one (partitions= and retention= make the URL a log)") {
+			return nil, tg.given.Err()
 		}
-		if _, err := tg.broker.topic(tg.name, tg.topic); err != nil {
+		t, err := tg.broker.topic(tg.name, tg.topic)
+		if err != nil {
 			return nil, err
 		}
-		return tg.broker.JoinGroup(tg.name, tg.group)
+		s, err := tg.broker.JoinGroup(tg.name, tg.group)
+		if err != nil {
+			return nil, err
+		}
+		t.observe(&s.source, ob)
+		return s, nil
 	}
-	if _, err := tg.broker.queue(tg.name, tg.queue); err != nil {
-		return nil, err
-	}
-	return tg.broker.QueueSource(tg.name)
-}
-
-func openSink(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Sink, error) {
-	tg, err := parseURL(u)
+	q, err := tg.broker.queue(tg.name, tg.queue)
 	if err != nil {
 		return nil, err
 	}
+	s, err := tg.broker.QueueSource(tg.name)
+	if err != nil {
+		return nil, err
+	}
+	q.observe(&s.source, ob)
+	return s, nil
+}
+
+func openSink(ctx context.Context, u *url.URL, o adapters.OpenOptions) (adapters.Sink, error) {
+	b, ob, err := openOptions(o)
+	if err != nil {
+		return nil, err
+	}
+	tg, err := parseURL(u, urlparam.Sink)
+	if err != nil {
+		return nil, err
+	}
+	tg.broker = b
 	tg.keepUnset()
 	switch {
 	case tg.log:
@@ -245,5 +235,10 @@ func openSink(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters
 		}
 	}
 	// Without parameters, publish into whatever name is (a queue by default).
-	return tg.broker.Sink(tg.name)
+	s, err := tg.broker.Sink(tg.name)
+	if err != nil {
+		return nil, err
+	}
+	s.obs = ob
+	return s, nil
 }

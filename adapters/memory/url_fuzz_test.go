@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/internal/urlparam"
 )
 
 // FuzzParseURL: the mem:// URL parser never panics and never shows a
@@ -14,7 +15,7 @@ import (
 // whose password holds the marker S3CRET: wherever url.Parse puts the
 // password (the user info, or, cut short by an unescaped '/', '?' or '#',
 // the host, path, query or fragment), no error shows the marker. A URL it
-// accepts names a destination.
+// accepts names a destination. Every error is an urlparam error.
 func FuzzParseURL(f *testing.F) {
 	for _, s := range [][3]string{
 		{"u", "12345?", "q"},
@@ -49,8 +50,14 @@ func FuzzParseURL(f *testing.F) {
 		if err != nil {
 			return // the opener refuses it with a fixed message (adapters.lookup)
 		}
-		tg, err := parseURL(u)
+		tg, err := parseURL(u, urlparam.Source)
+		if _, err2 := parseURL(u, urlparam.Sink); (err == nil) != (err2 == nil) {
+			t.Fatalf("parseURL(%q): source %v, sink %v: every mem parameter is for both", raw, err, err2)
+		}
 		if err != nil {
+			if !errors.Is(err, urlparam.ErrParam) {
+				t.Fatalf("parseURL(%q) = %v, not an urlparam error", raw, err)
+			}
 			if strings.Contains(err.Error(), marker) {
 				t.Fatalf("parseURL(%q): error %q shows the password", raw, err)
 			}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/internal/urlparam"
 	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/adapters/memory/memorytest"
 )
@@ -101,24 +102,24 @@ func TestURLErrors(t *testing.T) {
 	ctx := context.Background()
 	for _, c := range []struct{ url, want string }{
 		{"mem://", "names no queue"},
-		{"mem://q?lease=abc", `lease = "abc"`},
-		{"mem://q?lease=-1s", `lease = "-1s"`},
-		{"mem://q?max_receives=-2", `max_receives = "-2"`},
-		{"mem://q?max_receives=x", `max_receives = "x"`},
-		{"mem://q?fifo=maybe", `fifo = "maybe"`},
-		{"mem://q?partitions=0", `partitions = "0"`},
-		{"mem://q?partitions=two", `partitions = "two"`},
-		{"mem://q?retention=-1", `retention = "-1"`},
-		{"mem://q?group=", `group = ""`},
-		{"mem://q?dlq=", `dlq = ""`},
-		{"mem://q?colour=blue", `unknown URL parameter colour = "blue"`},
-		{"mem://q?lease=1s&lease=2s", "lease given 2 times"},
-		{"mem://q?partitions=2&lease=1s", `lease = "1s" is a queue parameter`},
-		{"mem://q?partitions=2", "needs a consumer group"},
-		{"mem://q?%zz", "URL query"},
+		{"mem://q?lease=abc", `"lease" = "abc": want a positive Go duration`},
+		{"mem://q?lease=-1s", `"lease" = "-1s"`},
+		{"mem://q?max_receives=-2", `"max_receives" = "-2": want a non-negative integer`},
+		{"mem://q?max_receives=x", `"max_receives" = "x"`},
+		{"mem://q?fifo=maybe", `"fifo" = "maybe": want true or false`},
+		{"mem://q?partitions=0", `"partitions" = "0": want an integer in [1, 65536]`},
+		{"mem://q?partitions=two", `"partitions" = "two"`},
+		{"mem://q?retention=-1", `"retention" = "-1"`},
+		{"mem://q?group=", `"group" is empty`},
+		{"mem://q?dlq=", `"dlq" is empty`},
+		{"mem://q?colour=blue", `"colour" is unknown (known: lease, max_receives, dlq, fifo, partitions, retention, group)`},
+		{"mem://q?lease=1s&lease=2s", `"lease" is given more than once`},
+		{"mem://q?partitions=2&lease=1s", `"lease" = "1s": is a queue parameter`},
+		{"mem://q?partitions=2", "memory: URL has no group= parameter; a log source needs one"},
+		{"mem://q?%zz", "memory: URL query is malformed"},
 	} {
 		_, err := adapters.OpenSource(ctx, c.url)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
+		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, urlparam.ErrParam) {
 			t.Errorf("OpenSource(%q) = %v, want error containing %q", c.url, err, c.want)
 		}
 	}
