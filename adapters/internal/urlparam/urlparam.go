@@ -240,6 +240,9 @@ func (t *Table) parseQuery(raw string) (values, error) {
 		if err := errors.Join(err1, err2); err != nil {
 			return v, &Error{Adapter: t.adapter, Reason: "query is malformed: a bad %-escape (a literal '%' is %25)", Err: err}
 		}
+		if k == "" {
+			return v, t.errorf("", "query has a value without a parameter name (%q)", pair)
+		}
 		if _, ok := t.byName[k]; !ok {
 			return v, t.errorf(k, "is unknown (known: %s)", strings.Join(t.Names(Both), ", "))
 		}

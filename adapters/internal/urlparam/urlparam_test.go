@@ -120,6 +120,7 @@ func TestErrors(t *testing.T) {
 		{"demo://u:pw@h/x?group=a;b", urlparam.Source, "", `demo: URL query is malformed: a ';' separates parameters (use '&'; a literal ';' is %3B)`},
 		{"demo://u:pw@h/x?group=%zz", urlparam.Source, "", `demo: URL query is malformed: a bad %-escape (a literal '%' is %25)`},
 		{"demo://u:pw@h/x?grup=a", urlparam.Source, "grup", `demo: URL parameter "grup" is unknown (known: group, key, lease, wait, n, n32, on, mode, tiers, tls_ca, tls_cert, tls_key, tls_server_name, tls_insecure_skip_verify)`},
+		{"demo://u:pw@h/x?=1", urlparam.Source, "", `demo: URL query has a value without a parameter name ("=1")`},
 		{"demo://u:pw@h/x?n=1&n=1", urlparam.Source, "n", `demo: URL parameter "n" is given more than once`},
 		{"demo://u:pw@h/x?n=", urlparam.Source, "n", `demo: URL parameter "n" is empty: give a value or leave it out`},
 		{"demo://u:pw@h/x?on", urlparam.Source, "on", `demo: URL parameter "on" is empty: give a value or leave it out`},
