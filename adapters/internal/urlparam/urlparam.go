@@ -96,7 +96,7 @@ const (
 	Both = Source | Sink
 )
 
-// String returns "source", "sink" or "source and sink".
+// String returns "source", "sink" or "both".
 func (s Side) String() string {
 	switch s {
 	case Source:
@@ -104,7 +104,7 @@ func (s Side) String() string {
 	case Sink:
 		return "sink"
 	case Both:
-		return "source and sink"
+		return "both"
 	}
 	return "Side(" + strconv.Itoa(int(s)) + ")"
 }

@@ -295,7 +295,7 @@ func selfSigned(t *testing.T) (certPEM, keyPEM []byte) {
 
 func TestMarkdown(t *testing.T) {
 	md := table.Markdown()
-	if !strings.HasPrefix(md, "| Parameter | Type | Side | Meaning |\n") || !strings.Contains(md, "| `group` | string | source | consumer group |\n") || !strings.Contains(md, "| `lease` | duration | source and sink | lease |\n") {
+	if !strings.HasPrefix(md, "| Parameter | Type | Side | Meaning |\n") || !strings.Contains(md, "| `group` | string | source | consumer group |\n") || !strings.Contains(md, "| `lease` | duration | both | lease |\n") {
 		t.Errorf("Markdown():\n%s", md)
 	}
 }
