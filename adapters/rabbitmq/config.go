@@ -12,6 +12,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/retry"
@@ -171,6 +172,12 @@ type Config struct {
 	// MeterProvider provides the consumer-timeout warning counter
 	// (ackwise.rabbitmq.consumer_timeout.warnings). Nil means no metrics.
 	MeterProvider metric.MeterProvider
+	// TracerProvider provides the spans of the source's moves: a span
+	// (SpanNack, SpanDeadLetter) around each copy Nack publishes to a wait
+	// queue and DeadLetter to the dead-letter queue, from the publish to
+	// the ack of the original, a child of the settle call's context. Nil
+	// means no spans.
+	TracerProvider trace.TracerProvider
 }
 
 // SinkConfig configures a [Sink]. The zero value of every field but URL and
@@ -194,6 +201,10 @@ type SinkConfig struct {
 	ReconnectInitialInterval time.Duration
 	ReconnectMaxInterval     time.Duration
 	Logger                   *slog.Logger
+	// TracerProvider provides a span (SpanPublish) around each Publish
+	// call, from the first message out to the last confirm, a child of
+	// Publish's context. Nil means no spans.
+	TracerProvider trace.TracerProvider
 }
 
 // A Config or SinkConfig printed (fmt's verbs, log/slog, encoding/json)
@@ -452,15 +463,24 @@ func (v *validated) checkTopologyNames() error {
 }
 
 func checkQueueName(field, name string) error {
-	switch {
-	case name == "":
+	if name == "" {
 		return fmt.Errorf("rabbitmq: %s is empty", field)
-	case len(name) > 255:
-		return fmt.Errorf("rabbitmq: %s = %q: longer than 255 bytes", field, name)
-	case strings.HasPrefix(name, "amq."):
-		return fmt.Errorf("rabbitmq: %s = %q: the amq. prefix is reserved by the broker", field, name)
+	}
+	if why := queueNameProblem(name); why != "" {
+		return fmt.Errorf("rabbitmq: %s = %q: %s", field, name, why)
 	}
 	return nil
+}
+
+// queueNameProblem says what makes a non-empty name no queue name, or "".
+func queueNameProblem(name string) string {
+	switch {
+	case len(name) > 255:
+		return "longer than 255 bytes"
+	case strings.HasPrefix(name, "amq."):
+		return "the amq. prefix is reserved by the broker"
+	}
+	return ""
 }
 
 // WaitQueueName is the name of the wait queue of tier on queue:

@@ -2,6 +2,7 @@ package rabbitmq
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/internal/urlparam"
 	"github.com/ackwise/ackwise/retry"
 )
 
@@ -169,20 +171,37 @@ func TestConfigFromURL(t *testing.T) {
 	}
 
 	bad := map[string]string{
-		"amqp://user:pa55@broker/orders?prefetch=x":            "prefetch",
-		"amqp://user:pa55@broker/orders?bogus=1":               `unknown parameter "bogus"`,
-		"amqp://user:pa55@broker/orders?prefetch=1&prefetch=2": `parameter "prefetch" given 2 times`,
-		"amqp://user:pa55@broker/":                             "names no queue",
-		"amqp://user:pa55@broker/orders?tls_ca=/x":             "need amqps",
-		"amqp://user:pa55@broker/orders?tiers=1s,abc":          "tiers",
-		"amqps://user:pa55@broker/o?tls_ca=/nonexist":          "tls_ca",
-		"amqp://user:pa55@broker/orders?tls=true":              "rabbit://",
+		"amqp://user:pa55@broker/orders?prefetch=x":                                   `URL parameter "prefetch" = "x": want an integer in [0, 65535]`,
+		"amqp://user:pa55@broker/orders?prefetch=65536":                               `URL parameter "prefetch" = "65536": want an integer in [0, 65535]`,
+		"amqp://user:pa55@broker/orders?bogus=1":                                      `URL parameter "bogus" is unknown (known: vhost, queue_type,`,
+		"amqp://user:pa55@broker/orders?prefetch=1&prefetch=2":                        `URL parameter "prefetch" is given more than once`,
+		"amqp://user:pa55@broker/":                                                    "names no queue",
+		"amqp://user:pa55@broker/orders?tls_ca=/x":                                    `URL parameter "tls_ca" needs TLS: use amqps://`,
+		"amqp://user:pa55@broker/orders?tiers=1s,abc":                                 `URL parameter "tiers" = "1s,abc": "abc" is not a Go duration of at least 1ms`,
+		"amqp://user:pa55@broker/orders?tiers=1500us":                                 `URL parameter "tiers" = "1500us": 1.5ms is not a whole number of milliseconds`,
+		"amqps://user:pa55@broker/o?tls_ca=/nonexist":                                 `URL parameter "tls_ca" = "/nonexist": cannot read it`,
+		"amqp://user:pa55@broker/orders?tls=true":                                     `URL parameter "tls" is for rabbit:// URLs`,
+		"amqp://user:pa55@broker/orders?queue_type=lazy":                              `URL parameter "queue_type" = "lazy": want one of classic, quorum`,
+		"amqp://user:pa55@broker/orders?heartbeat=500ms":                              `URL parameter "heartbeat" = "500ms": want at least 1s`,
+		"amqp://user:pa55@broker/orders?heartbeat=-1":                                 `URL parameter "heartbeat" = "-1": want a Go duration in [0s, 18h12m15s]`,
+		"amqp://user:pa55@broker/orders?consumer_timeout=-2s":                         `URL parameter "consumer_timeout" = "-2s": want a Go duration of at least -1ns, or -1`,
+		"amqp://user:pa55@broker/orders?consumer_timeout=-1&consumer_timeout_warn=1m": `URL parameter "consumer_timeout_warn" = "1m": cannot go with consumer_timeout=-1`,
+		"amqp://user:pa55@broker/orders?consumer_timeout=1m&consumer_timeout_warn=2m": `URL parameter "consumer_timeout_warn" = "2m": is longer than consumer_timeout = 1m0s`,
+		"amqp://user:pa55@broker/orders?consumer_timeout_warn=31m":                    `URL parameter "consumer_timeout_warn" = "31m": is longer than the default consumer_timeout, 30m0s`,
+		"amqp://user:pa55@broker/orders.dlq?plain=true&declare=true":                  `URL parameter "declare" = "true": cannot go with plain=true`,
+		"amqp://user:pa55@broker/orders.dlq?plain=true&declare=false&tiers=1s":        `URL parameter "tiers" = "1s": cannot go with plain=true`,
+		"amqp://user:pa55@broker/orders.dlq?plain=true&dlq=x":                         `URL parameter "dlq" = "x": cannot go with plain=true`,
+		"amqp://user:pa55@broker/orders?dlq=orders":                                   `URL parameter "dlq" = "orders": is the queue itself`,
+		"amqp://user:pa55@broker/orders?dlq=amq.x":                                    `URL parameter "dlq" = "amq.x": the amq. prefix is reserved by the broker`,
+		"amqp://user:pa55@broker/amq.orders":                                          `rabbitmq: URL path names queue "amq.orders": the amq. prefix is reserved by the broker`,
+		"http://user:pa55@broker/orders":                                              `rabbitmq: URL "http://user:xxxxx@broker/orders" has scheme "http"; want amqp, amqps, rabbit`,
+		"amqp://user:pa55@/orders":                                                    `rabbitmq: URL "amqp://user:xxxxx@/orders" has no host`,
 	}
 	for raw, want := range bad {
 		u, _ := url.Parse(raw)
 		_, err := ConfigFromURL(u)
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: error %v, want one containing %q", raw, err, want)
+		if err == nil || !strings.Contains(err.Error(), want) || !errors.Is(err, urlparam.ErrParam) {
+			t.Errorf("%s: error %v, want one containing %q (and matching urlparam.ErrParam)", raw, err, want)
 		}
 		if err != nil && strings.Contains(err.Error(), "pa55") {
 			t.Errorf("%s: error leaks the password: %v", raw, err)

@@ -7,9 +7,46 @@
 //	amqp://user:password@host:5672/orders?queue_type=quorum&prefetch=64&tiers=1s,10s,1m&declare=true
 //
 // The URL path is the queue; the vhost is the vhost parameter (default "/").
-// [ConfigFromURL] lists every parameter; one that only the other side uses
-// (prefetch on a sink, exchange on a source) is an error. Config.URL, by
-// contrast, is a plain AMQP URI whose path is the vhost.
+// Config.URL, by contrast, is a plain AMQP URI whose path is the vhost.
+// The parameters, each for a source, a sink or both; one the other side
+// uses (prefetch on a sink, exchange on a source) is an error naming it,
+// and so is an unknown, repeated or empty one, a bad value and a malformed
+// query:
+//
+//	parameter                 type               side    meaning
+//	vhost                     string             both    virtual host (default /)
+//	queue_type                classic or quorum  both*   type of every queue of the topology (default classic)
+//	prefetch                  int in [0, 65535]  source  basic.qos prefetch count (0: 128)
+//	tiers                     durations          both*   delay tiers, whole milliseconds, comma-separated (1s,10s,1m)
+//	declare                   bool               both    declare the topology first
+//	plain                     bool               source  consume the queue as it is (Config.Plain)
+//	dlq                       string             both*   dead-letter queue (default QUEUE.dlq)
+//	consumer_timeout          duration or -1     source  the broker's consumer_timeout (default 30m; -1: no warning)
+//	consumer_timeout_warn     duration           source  warn and hand back after holding a delivery this long
+//	heartbeat                 duration           both    AMQP heartbeat, from 1s (default 10s)
+//	connection_name           string             both    connection_name client property (default ackwise)
+//	exchange                  string             sink    exchange to publish to, instead of the path's queue
+//	routing_key               string             sink    routing key (default: the message key on a named exchange)
+//	tls                       bool               both    rabbit:// only: true for TLS
+//	tls_ca                    file               both    PEM file of the CA certificates to trust
+//	tls_cert, tls_key         files              both    PEM files of the client certificate and key
+//	tls_server_name           string             both    server name to verify (default: the host)
+//	tls_insecure_skip_verify  bool               both    true: do not verify the server (tests only)
+//
+// (*: a sink takes it only with declare=true, for the topology it declares.)
+//
+// Options of adapters.OpenSource and adapters.OpenSink: adapters.WithLogger
+// is Config.Logger / SinkConfig.Logger (connection events, reconnections,
+// consumer-timeout warnings); adapters.WithMeterProvider is
+// Config.MeterProvider (a source's consumer-timeout warning counter; a sink
+// has no metrics and refuses it); adapters.WithTracerProvider is
+// Config.TracerProvider / SinkConfig.TracerProvider (a span around each
+// move of Nack and DeadLetter, and around each Sink.Publish: [SpanNack],
+// [SpanDeadLetter], [SpanPublish]); adapters.WithTLSConfig is the
+// *tls.Config of an amqps:// URL (or rabbit:// with tls=true), used as it
+// is: it is refused with an amqp:// URL, and beside the URL's tls_*
+// parameters (set those in the config instead). Another adapter's option
+// is refused (adapters.ErrUnsupportedOption).
 //
 // # Topology
 //

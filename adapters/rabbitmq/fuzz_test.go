@@ -8,6 +8,7 @@ import (
 	"math"
 	"net/url"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters/internal/urlparam"
 	"github.com/ackwise/ackwise/dlq"
 )
 
@@ -423,29 +425,38 @@ func FuzzURL(f *testing.F) {
 		if strings.Contains(u.RawQuery, "tls_") {
 			return // a malformed query may still be read in part elsewhere
 		}
+		// An error of a URL, or of the validation of what it gave, names URL
+		// parameters, not Config fields, and every URL error is an
+		// urlparam error.
+		urlErr := func(err error) string {
+			if !errors.Is(err, urlparam.ErrParam) {
+				t.Fatalf("URL %q: error %v is not an urlparam error", raw, err)
+			}
+			return noField(t, raw, err)
+		}
 		texts := func(u *url.URL) []string {
 			var out []string
 			if cfg, err := ConfigFromURL(u); err != nil {
-				out = append(out, err.Error())
+				out = append(out, urlErr(err))
 			} else {
 				out = append(out, fmt.Sprint(cfg), fmt.Sprintf("%#v", cfg))
 				if j, err := json.Marshal(cfg); err == nil {
 					out = append(out, string(j))
 				}
 				if _, err := cfg.validate(); err != nil {
-					out = append(out, err.Error())
+					out = append(out, noField(t, raw, err))
 				}
 			}
 			if sc, declare, err := SinkConfigFromURL(u); err != nil {
-				out = append(out, err.Error())
+				out = append(out, urlErr(err))
 			} else {
 				out = append(out, fmt.Sprint(sc), fmt.Sprintf("%#v", sc))
 				if _, err := sc.validate(); err != nil {
-					out = append(out, err.Error())
+					out = append(out, noField(t, raw, err))
 				}
 				if declare != nil {
 					if _, err := declare.validate(); err != nil {
-						out = append(out, err.Error())
+						out = append(out, noField(t, raw, err))
 					}
 				}
 			}
@@ -473,6 +484,20 @@ func FuzzURL(f *testing.F) {
 			}
 		}
 	})
+}
+
+// goField matches the name of a Config or SinkConfig field as the
+// validation's errors give it.
+var goField = regexp.MustCompile(`\b(TLS|Queue|QueueType|Prefetch|DeclareTopology|Plain|DelayTiers|DeadLetterQueue|ConsumerTimeout|ConsumerTimeoutWarn|Heartbeat|ConnectionName|Exchange|RoutingKey)(\[\d+\])? (=|is |has )`)
+
+// noField fails the test if err, from parsing raw or validating what it
+// gave, names a Go field; it returns err's text.
+func noField(t *testing.T, raw string, err error) string {
+	t.Helper()
+	if m := goField.FindString(err.Error()); m != "" {
+		t.Fatalf("URL %q: error %q names the Go field %q, not a URL parameter", raw, err, m)
+	}
+	return err.Error()
 }
 
 func unescape(s string) string {

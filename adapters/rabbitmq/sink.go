@@ -9,6 +9,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
@@ -33,6 +35,7 @@ import (
 type Sink struct {
 	exchange, key string
 	p             *publisher
+	tracer        trace.Tracer // SinkConfig.TracerProvider
 }
 
 var _ adapters.Sink = (*Sink)(nil)
@@ -49,7 +52,7 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Sink{exchange: cfg.Exchange, key: cfg.RoutingKey, p: p}, nil
+	return &Sink{exchange: cfg.Exchange, key: cfg.RoutingKey, p: p, tracer: tracerOf(cfg.TracerProvider)}, nil
 }
 
 // Publish publishes msgs and returns once the broker confirmed all of them.
@@ -93,10 +96,16 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 // broker would close the connection on them. The other failures are
 // transient. A message still unconfirmed when ctx ends, or the sink is
 // closed, is listed with that error and may still be published.
-func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
+func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) (err error) {
 	if len(msgs) == 0 {
 		return nil
 	}
+	dest := s.exchange
+	if dest == "" {
+		dest = s.key // the default exchange routes to the queue the key names
+	}
+	ctx, span := startSpan(ctx, s.tracer, SpanPublish, dest, attribute.Int("messaging.batch.message_count", len(msgs)))
+	defer func() { endSpan(span, err) }()
 	out := make([]outgoing, len(msgs))
 	now := time.Now()
 	for i, m := range msgs {

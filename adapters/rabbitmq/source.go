@@ -13,8 +13,10 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
@@ -51,6 +53,7 @@ type Source struct {
 	cancel    context.CancelFunc
 
 	timeoutWarnings metric.Int64Counter
+	tracer          trace.Tracer // spans of moves (Config.TracerProvider)
 
 	// invalid tells the engine when deliveries stop being Valid: a
 	// channel died, deliveries in flight were held past
@@ -78,6 +81,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	s := &Source{
 		v:       v,
 		log:     v.Logger,
+		tracer:  tracerOf(v.TracerProvider),
 		changed: make(chan struct{}),
 		closed:  make(chan struct{}),
 		caps:    adapters.Capabilities{DeliveryCount: v.QueueType == Quorum},
@@ -91,7 +95,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
-	s.timeoutWarnings, err = mp.Meter("github.com/ackwise/ackwise/adapters/rabbitmq").Int64Counter(
+	s.timeoutWarnings, err = mp.Meter(InstrumentationName).Int64Counter(
 		"ackwise.rabbitmq.consumer_timeout.warnings",
 		metric.WithDescription("Deliveries held for longer than ConsumerTimeoutWarn, approaching the broker's consumer_timeout."),
 	)
@@ -614,17 +618,28 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	queue := s.v.waitQueues[tier]
 	h := hopHeaders(msg, max(msg.Attempt, 1)+1)
 	out := outgoing{key: queue, pub: s.copyOf(r, msg, moveTable(r.d.Headers, h, "", r.returned)), trim: keepOnHop}
-	if err := s.beginMove("nack"); err != nil {
+	return s.move(ctx, "nack", SpanNack, msg, r, out, func(err error) error {
+		return fmt.Errorf("rabbitmq: nack: move to wait queue %q: %w", queue, err)
+	})
+}
+
+// move publishes out, r's copy, to its queue, and once the broker confirmed
+// it acks r: the move of Nack and DeadLetter, in a span named span.
+// wrap makes the error of a failed publish.
+func (s *Source) move(ctx context.Context, op, span string, msg *ackwise.Message, r *receipt, out outgoing, wrap func(error) error) (err error) {
+	if err := s.beginMove(op); err != nil {
 		return err
 	}
 	defer s.endMove()
-	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "nack"), r.s.dead)[0]; err != nil {
-		return fmt.Errorf("rabbitmq: nack: move to wait queue %q: %w", queue, err)
+	ctx, sp := startSpan(ctx, s.tracer, span, out.key, attribute.String("messaging.message.id", msg.ID))
+	defer func() { endSpan(sp, err) }()
+	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, op), r.s.dead)[0]; err != nil {
+		return wrap(err)
 	}
-	if err := r.settleOnce("nack"); err != nil {
+	if err := r.settleOnce(op); err != nil {
 		return err
 	}
-	return r.s.ack(r, "nack")
+	return r.s.ack(r, op)
 }
 
 // hopHeaders returns msg's headers with the hop headers the engine owns
@@ -768,17 +783,9 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 	}
 	h := hopHeaders(msg, max(msg.Attempt, 1))
 	out := outgoing{key: s.v.DeadLetterQueue, pub: s.copyOf(r, msg, deadLetterTable(r.d.Headers, h, env, r.returned)), trim: keepOnDeadLetter}
-	if err := s.beginMove("dead-letter"); err != nil {
-		return err
-	}
-	defer s.endMove()
-	if err := s.pub.publish(ctx, []outgoing{out}, s.stillValid(r, "dead-letter"), r.s.dead)[0]; err != nil {
+	return s.move(ctx, "dead-letter", SpanDeadLetter, msg, r, out, func(err error) error {
 		return fmt.Errorf("rabbitmq: dead-letter to %q: %w", s.v.DeadLetterQueue, err)
-	}
-	if err := r.settleOnce("dead-letter"); err != nil {
-		return err
-	}
-	return r.s.ack(r, "dead-letter")
+	})
 }
 
 // Release hands msg back with basic.nack requeue=true; the broker delivers

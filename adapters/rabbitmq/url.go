@@ -3,32 +3,48 @@ package rabbitmq
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"net/url"
-	"os"
-	"strconv"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/internal/urlparam"
 )
 
 func init() {
 	o := adapters.Opener{
-		OpenSource: func(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Source, error) {
-			cfg, err := ConfigFromURL(u)
+		OpenSource: func(ctx context.Context, u *url.URL, o adapters.OpenOptions) (adapters.Source, error) {
+			p, err := parseURL(u, urlparam.Source)
 			if err != nil {
 				return nil, err
 			}
+			cfg, err := p.sourceConfig()
+			if err != nil {
+				return nil, err
+			}
+			if err := p.withOptions(&cfg.TLS, o, urlparam.Source); err != nil {
+				return nil, err
+			}
+			cfg.Logger, cfg.MeterProvider, cfg.TracerProvider = o.Logger, o.MeterProvider, o.TracerProvider
 			return NewSource(ctx, cfg)
 		},
-		OpenSink: func(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Sink, error) {
-			cfg, declare, err := SinkConfigFromURL(u)
+		OpenSink: func(ctx context.Context, u *url.URL, o adapters.OpenOptions) (adapters.Sink, error) {
+			p, err := parseURL(u, urlparam.Sink)
 			if err != nil {
 				return nil, err
 			}
+			cfg, declare, err := p.sinkConfig()
+			if err != nil {
+				return nil, err
+			}
+			if err := p.withOptions(&cfg.TLS, o, urlparam.Sink); err != nil {
+				return nil, err
+			}
+			cfg.Logger, cfg.TracerProvider = o.Logger, o.TracerProvider
 			if declare != nil {
+				declare.TLS, declare.Logger = cfg.TLS, cfg.Logger
 				if err := Declare(ctx, *declare); err != nil {
 					return nil, err
 				}
@@ -41,74 +57,54 @@ func init() {
 	adapters.Register("rabbit", o)
 }
 
-// URL query parameters, all optional.
-var urlParams = map[string]string{
-	"vhost":                    "virtual host (default /)",
-	"queue_type":               "classic or quorum",
-	"prefetch":                 "basic.qos prefetch count",
-	"tiers":                    "comma-separated delay tiers, e.g. 1s,10s,1m",
-	"declare":                  "true to declare the topology",
-	"plain":                    "true to consume the queue as it is (a dead-letter queue): no topology, no Nack or DeadLetter",
-	"dlq":                      "dead-letter queue name",
-	"consumer_timeout":         "the broker's consumer_timeout, or -1",
-	"consumer_timeout_warn":    "warn after holding a delivery this long",
-	"heartbeat":                "AMQP heartbeat interval",
-	"connection_name":          "connection_name client property",
-	"exchange":                 "exchange to publish to",
-	"routing_key":              "routing key",
-	"tls":                      "rabbit:// only: true for TLS",
-	"tls_ca":                   "PEM file of the CA to trust",
-	"tls_cert":                 "PEM file of the client certificate",
-	"tls_key":                  "PEM file of the client key",
-	"tls_server_name":          "server name to verify",
-	"tls_insecure_skip_verify": "true to skip verification (tests only)",
-}
+// The URL parameters: the table of sides, types and meanings that the
+// package doc, docs/rabbitmq.md and the URL errors follow.
+var params = func() *urlparam.Table {
+	src, sink, both := urlparam.Source, urlparam.Sink, urlparam.Both
+	t := urlparam.NewTable("rabbitmq", append([]urlparam.Param{
+		{Name: "vhost", Side: both, Type: "string", Doc: "virtual host (default /)"},
+		{Name: "queue_type", Side: both, Type: "classic or quorum", Doc: "type of every queue of the topology (default classic); a sink takes it only with declare=true"},
+		{Name: "prefetch", Side: src, Type: "int in [0, 65535]", Doc: "basic.qos prefetch count (0: 128)"},
+		{Name: "tiers", Side: both, Type: "list of durations", Doc: "delay tiers, one wait queue each, whole milliseconds (1s,10s,1m); a sink takes it only with declare=true"},
+		{Name: "declare", Side: both, Type: "bool", Doc: "declare the topology (a source: before consuming; a sink: before publishing)"},
+		{Name: "plain", Side: src, Type: "bool", Doc: "consume the queue as it is (a dead-letter queue): no topology, no Nack or DeadLetter"},
+		{Name: "dlq", Side: both, Type: "string", Doc: "dead-letter queue (default QUEUE.dlq); a sink takes it only with declare=true"},
+		{Name: "consumer_timeout", Side: src, Type: "duration or -1", Doc: "the broker's consumer_timeout (default 30m; -1: no warning)"},
+		{Name: "consumer_timeout_warn", Side: src, Type: "duration", Doc: "warn and hand a delivery back after holding it this long (default 80% of consumer_timeout)"},
+		{Name: "heartbeat", Side: both, Type: "duration", Doc: "AMQP heartbeat, whole seconds from 1s (default 10s)"},
+		{Name: "connection_name", Side: both, Type: "string", Doc: "connection_name client property (default ackwise)"},
+		{Name: "exchange", Side: sink, Type: "string", Doc: "exchange to publish to, instead of the path's queue"},
+		{Name: "routing_key", Side: sink, Type: "string", Doc: "routing key (default: the message key on a named exchange)"},
+		{Name: "tls", Side: both, Type: "bool", Doc: "rabbit:// only: true for TLS (amqps:// is TLS, amqp:// is not)"},
+	}, urlparam.TLSParams()...)...)
+	t.Schemes = []string{"amqp", "amqps", "rabbit"}
+	t.NeedHost = true
+	t.Form = "amqp://user:password@host:5672/<queue>"
+	return t
+}()
 
-// Parameters of one side only: the other would ignore them, so a URL that
-// gives one there is refused. The topology parameters apply to a sink too
-// when it declares the topology (declare=true).
-var (
-	sourceOnlyParams = []string{"consumer_timeout", "consumer_timeout_warn", "plain", "prefetch"}
-	topologyParams   = []string{"dlq", "queue_type", "tiers"}
-	sinkOnlyParams   = []string{"exchange", "routing_key"}
-)
-
-// onlyFor refuses the first of params that q gives, saying where it
-// applies.
-func onlyFor(u *url.URL, q url.Values, params []string, applies string) error {
-	for _, k := range params {
-		if q.Has(k) {
-			return fmt.Errorf("rabbitmq: URL %s: parameter %q applies to %s", adapters.RedactURL(u), k, applies)
-		}
-	}
-	return nil
-}
+// Parameters that shape only the topology: a sink takes them with
+// declare=true, for the topology it declares.
+var topologyParams = []string{"dlq", "queue_type", "tiers"}
 
 // ConfigFromURL builds a source Config from a URL of the form
 //
 //	amqp://user:password@host:5672/<queue>?vhost=/&queue_type=quorum&prefetch=64&tiers=1s,10s,1m&declare=true
 //
 // The path is the queue (the vhost is the vhost parameter, default "/").
-// Schemes: amqp, amqps (TLS) and rabbit (amqp, or TLS with tls=true). TLS
-// parameters: tls_ca, tls_cert, tls_key (PEM files), tls_server_name,
-// tls_insecure_skip_verify. Other parameters: plain (true: consume the queue
-// as it is, Config.Plain), dlq, consumer_timeout, consumer_timeout_warn,
-// heartbeat (Go durations), connection_name. exchange and routing_key are for
-// sinks only (SinkConfigFromURL). An unknown, repeated or empty parameter is
-// an error, and so are a parameter for sinks only and a malformed query (a
-// ';' separator, a bad %-escape). Errors never contain the password.
+// Schemes: amqp, amqps (TLS) and rabbit (amqp, or TLS with tls=true). The
+// parameters are listed in the package doc, each for a source, a sink or
+// both. An unknown, repeated or empty parameter is an error, and so are a
+// parameter for sinks only, a bad value and a malformed query (a ';'
+// separator, a bad %-escape); every such error wraps urlparam.ErrParam
+// (an internal package: match the text) and names the URL parameter.
+// Errors never contain the password.
 func ConfigFromURL(u *url.URL) (Config, error) {
-	p, err := parseURL(u)
+	p, err := parseURL(u, urlparam.Source)
 	if err != nil {
 		return Config{}, err
 	}
-	if err := onlyFor(u, p.q, sinkOnlyParams, "sinks only"); err != nil {
-		return Config{}, err
-	}
-	if p.queue == "" {
-		return Config{}, fmt.Errorf("rabbitmq: URL %s names no queue: want %s://host/<queue>", adapters.RedactURL(u), u.Scheme)
-	}
-	return p.cfg, nil
+	return p.sourceConfig()
 }
 
 // SinkConfigFromURL builds a SinkConfig from a URL like ConfigFromURL's:
@@ -120,197 +116,199 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 // queue_type, tiers and dlq without declare=true (they shape only the
 // topology to declare).
 func SinkConfigFromURL(u *url.URL) (SinkConfig, *Config, error) {
-	p, err := parseURL(u)
+	p, err := parseURL(u, urlparam.Sink)
 	if err != nil {
 		return SinkConfig{}, nil, err
 	}
-	c := p.cfg
-	if err := onlyFor(u, p.q, sourceOnlyParams, "sources only"); err != nil {
-		return SinkConfig{}, nil, err
+	return p.sinkConfig()
+}
+
+type parsedURL struct {
+	q                    *urlparam.Query
+	cfg                  Config
+	queue                string
+	exchange, routingKey string
+	useTLS               bool
+}
+
+func (p *parsedURL) sourceConfig() (Config, error) {
+	if p.queue == "" {
+		return Config{}, p.q.Errorf("", "%s names no queue: want %s://host/<queue>", adapters.RedactURL(p.q.URL()), p.q.URL().Scheme)
 	}
+	return p.cfg, nil
+}
+
+func (p *parsedURL) sinkConfig() (SinkConfig, *Config, error) {
+	q, c, u := p.q, p.cfg, p.q.URL()
 	if !c.DeclareTopology {
-		if err := onlyFor(u, p.q, topologyParams, "sources, and to sinks only with declare=true (the topology to declare)"); err != nil {
-			return SinkConfig{}, nil, err
+		if k := q.First(topologyParams...); k != "" {
+			return SinkConfig{}, nil, q.Misplaced(k, "is for a source, and for a sink only with declare=true (the topology to declare)")
 		}
 	}
 	if p.queue != "" && (p.exchange != "" || p.routingKey != "") && !c.DeclareTopology {
 		// One of the two destinations would be dropped without a word.
-		return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %s names queue %q in its path and exchange %q routing_key %q: a sink publishes to one; drop the path, or the parameters (with declare=true the path is the queue to declare)", adapters.RedactURL(u), p.queue, p.exchange, p.routingKey)
+		return SinkConfig{}, nil, q.Errorf("", "%s names queue %q in its path and exchange %q routing_key %q: a sink publishes to one; drop the path, or the parameters (with declare=true the path is the queue to declare)", adapters.RedactURL(u), p.queue, p.exchange, p.routingKey)
 	}
 	sc := SinkConfig{URL: c.URL, TLS: c.TLS, Exchange: p.exchange, RoutingKey: p.routingKey, Heartbeat: c.Heartbeat, ConnectionName: c.ConnectionName}
 	if sc.RoutingKey == "" && sc.Exchange == "" {
 		if p.queue == "" {
-			return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %s names no queue and no exchange: want %s://host/<queue> or ?exchange=…&routing_key=…", adapters.RedactURL(u), u.Scheme)
+			return SinkConfig{}, nil, q.Errorf("", "%s names no queue and no exchange: want %s://host/<queue> or ?exchange=…&routing_key=…", adapters.RedactURL(u), u.Scheme)
 		}
 		sc.RoutingKey = p.queue
 	}
 	var declare *Config
 	if c.DeclareTopology {
 		if p.queue == "" {
-			return SinkConfig{}, nil, fmt.Errorf("rabbitmq: URL %s: declare=true needs the queue in the path", adapters.RedactURL(u))
+			return SinkConfig{}, nil, q.Errorf("declare", "needs the queue in the URL's path")
 		}
 		declare = &c
 	}
 	return sc, declare, nil
 }
 
-type parsedURL struct {
-	q                    url.Values // the parameters given
-	cfg                  Config
-	queue                string
-	exchange, routingKey string
+// withOptions applies the opener's TLS option to *tlsCfg, and refuses the
+// options the side cannot use: another adapter's option, a meter provider
+// on a sink (it has no metrics), a TLS config with a URL that is not TLS
+// or beside the URL's TLS parameters (the option's *tls.Config is used as
+// it is; merging the two would leave one of them silently unused).
+func (p *parsedURL) withOptions(tlsCfg **tls.Config, o adapters.OpenOptions, side urlparam.Side) error {
+	if err := o.CheckAdapterOptions("rabbitmq"); err != nil {
+		return err
+	}
+	if side == urlparam.Sink && o.MeterProvider != nil {
+		return adapters.UnsupportedOption("rabbitmq", "WithMeterProvider", "a sink has no metrics (a source counts its consumer-timeout warnings)")
+	}
+	if o.TLS == nil {
+		return nil
+	}
+	if !p.useTLS {
+		return adapters.UnsupportedOption("rabbitmq", "WithTLSConfig", fmt.Sprintf("URL %s does not use TLS: use amqps:// (or rabbit:// with tls=true)", adapters.RedactURL(p.q.URL())))
+	}
+	if k := p.q.First(urlparam.TLSParamNames...); k != "" {
+		return p.q.Misplaced(k, "is given beside adapters.WithTLSConfig, whose *tls.Config is used as it is: set it there instead")
+	}
+	*tlsCfg = o.TLS
+	return nil
 }
 
-func parseURL(u *url.URL) (parsedURL, error) {
+func parseURL(u *url.URL, side urlparam.Side) (parsedURL, error) {
 	var p parsedURL
-	if err := adapters.RefuseMisplacedUserInfo("rabbitmq", u); err != nil {
+	q, err := params.Parse(u, side)
+	if err != nil {
 		return p, err
 	}
-	// Not u.Query(): it drops the pairs it cannot parse (a ';' separator, a
-	// bad %-escape), which would leave a parameter (tls=true among them)
-	// silently unset.
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return p, fmt.Errorf("rabbitmq: URL %s: malformed query: %v", adapters.RedactURL(u), err)
-	}
-	for k, vs := range q {
-		if _, ok := urlParams[k]; !ok {
-			return p, fmt.Errorf("rabbitmq: URL %s: unknown parameter %q", adapters.RedactURL(u), k)
-		}
-		if len(vs) > 1 {
-			return p, fmt.Errorf("rabbitmq: URL %s: parameter %q given %d times", adapters.RedactURL(u), k, len(vs))
-		}
-		if vs[0] == "" {
-			// Read as "not given", it would run with the default.
-			return p, fmt.Errorf("rabbitmq: URL %s: parameter %q is empty: give a value or leave it out", adapters.RedactURL(u), k)
-		}
-	}
-	bad := func(k string, err error) error {
-		return fmt.Errorf("rabbitmq: URL %s: parameter %s = %q: %v", adapters.RedactURL(u), k, q.Get(k), err)
-	}
-	useTLS := false
+	p.q = q
 	switch strings.ToLower(u.Scheme) {
-	case "amqp":
 	case "amqps":
-		useTLS = true
+		p.useTLS = true
 	case "rabbit":
-		if v := q.Get("tls"); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return p, bad("tls", err)
-			}
-			useTLS = b
-		}
-	default:
-		return p, fmt.Errorf("rabbitmq: URL %s: scheme %q: want amqp, amqps or rabbit", adapters.RedactURL(u), u.Scheme)
+		q.Bool(&p.useTLS, "tls")
 	}
 	if q.Has("tls") && strings.ToLower(u.Scheme) != "rabbit" {
-		return p, fmt.Errorf("rabbitmq: URL %s: parameter tls is for rabbit:// URLs; use amqps:// for TLS", adapters.RedactURL(u))
-	}
-	if u.Host == "" {
-		return p, fmt.Errorf("rabbitmq: URL %s has no host", adapters.RedactURL(u))
+		return p, q.Misplaced("tls", "is for rabbit:// URLs; use amqps:// for TLS")
 	}
 	p.queue = strings.TrimPrefix(u.Path, "/")
-	vhost := q.Get("vhost")
-	if vhost == "" {
-		vhost = "/"
-	}
+	vhost := "/"
+	q.String(&vhost, "vhost")
 	amqpURL := url.URL{Scheme: "amqp", User: u.User, Host: u.Host, Path: "/"}
-	if useTLS {
+	if p.useTLS {
 		amqpURL.Scheme = "amqps"
 	}
 	if vhost != "/" {
 		amqpURL.Path = "/" + vhost
 		amqpURL.RawPath = "/" + url.PathEscape(vhost)
 	}
-	c := Config{URL: amqpURL.String(), Queue: p.queue, QueueType: QueueType(q.Get("queue_type")), DeadLetterQueue: q.Get("dlq"), ConnectionName: q.Get("connection_name")}
-	p.exchange, p.routingKey = q.Get("exchange"), q.Get("routing_key")
-	if v := q.Get("prefetch"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return p, bad("prefetch", err)
-		}
-		c.Prefetch = n
-	}
-	if v := q.Get("plain"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return p, bad("plain", err)
-		}
-		c.Plain = b
-	}
-	if v := q.Get("declare"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return p, bad("declare", err)
-		}
-		c.DeclareTopology = b
-	}
-	if v := q.Get("tiers"); v != "" {
-		for _, s := range strings.Split(v, ",") {
-			d, err := time.ParseDuration(strings.TrimSpace(s))
-			if err != nil {
-				return p, bad("tiers", err)
+	c := Config{URL: amqpURL.String(), Queue: p.queue}
+	urlparam.Enum(q, &c.QueueType, "queue_type", Classic, Quorum)
+	q.String(&c.DeadLetterQueue, "dlq")
+	q.String(&c.ConnectionName, "connection_name")
+	q.String(&p.exchange, "exchange")
+	q.String(&p.routingKey, "routing_key")
+	urlparam.Int(q, &c.Prefetch, "prefetch", 0, 65535)
+	q.Bool(&c.Plain, "plain")
+	q.Bool(&c.DeclareTopology, "declare")
+	if q.Durations(&c.DelayTiers, "tiers", time.Millisecond, urlparam.MaxDuration) {
+		for _, d := range c.DelayTiers {
+			if d%time.Millisecond != 0 {
+				q.Fail(q.Errorf("tiers", "%v is not a whole number of milliseconds", d))
 			}
-			c.DelayTiers = append(c.DelayTiers, d)
 		}
 	}
-	for k, dst := range map[string]*time.Duration{"consumer_timeout": &c.ConsumerTimeout, "consumer_timeout_warn": &c.ConsumerTimeoutWarn, "heartbeat": &c.Heartbeat} {
-		v := q.Get(k)
-		if v == "" {
-			continue
-		}
-		if v == "-1" {
-			*dst = -1
-			continue
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return p, bad(k, err)
-		}
-		*dst = d
+	q.Duration(&c.ConsumerTimeout, "consumer_timeout", -1, urlparam.MaxDuration)
+	q.Duration(&c.ConsumerTimeoutWarn, "consumer_timeout_warn", 0, urlparam.MaxDuration)
+	if q.Duration(&c.Heartbeat, "heartbeat", 0, maxHeartbeat) && c.Heartbeat > 0 && c.Heartbeat < time.Second {
+		q.Fail(q.Errorf("heartbeat", "want at least 1s: AMQP counts it in whole seconds (0: the default)"))
 	}
-	tlsParams := []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name", "tls_insecure_skip_verify"}
-	anyTLS := false
-	for _, k := range tlsParams {
-		anyTLS = anyTLS || q.Has(k)
+	if err := q.Err(); err != nil {
+		return p, err
 	}
-	if anyTLS {
-		if !useTLS {
-			return p, fmt.Errorf("rabbitmq: URL %s: TLS parameters need amqps:// (or rabbit:// with tls=true)", adapters.RedactURL(u))
-		}
-		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: q.Get("tls_server_name")}
-		if v := q.Get("tls_insecure_skip_verify"); v != "" {
-			b, err := strconv.ParseBool(v)
-			if err != nil {
-				return p, bad("tls_insecure_skip_verify", err)
-			}
-			tc.InsecureSkipVerify = b
-		}
-		if f := q.Get("tls_ca"); f != "" {
-			pem, err := os.ReadFile(f)
-			if err != nil {
-				return p, bad("tls_ca", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return p, bad("tls_ca", fmt.Errorf("no PEM certificate in the file"))
-			}
-			tc.RootCAs = pool
-		}
-		cert, key := q.Get("tls_cert"), q.Get("tls_key")
-		if (cert == "") != (key == "") {
-			return p, fmt.Errorf("rabbitmq: URL %s: tls_cert and tls_key go together", adapters.RedactURL(u))
-		}
-		if cert != "" {
-			pair, err := tls.LoadX509KeyPair(cert, key)
-			if err != nil {
-				return p, bad("tls_cert", err)
-			}
-			tc.Certificates = []tls.Certificate{pair}
-		}
-		c.TLS = tc
+	if err := checkURLCombinations(q, c); err != nil {
+		return p, err
 	}
-	p.cfg, p.q = c, q
+	if k := q.First(urlparam.TLSParamNames...); k != "" && !p.useTLS {
+		return p, q.Misplaced(k, "needs TLS: use amqps:// (or rabbit:// with tls=true)")
+	}
+	c.TLS = q.TLS()
+	if err := q.Err(); err != nil {
+		return p, err
+	}
+	p.cfg = c
 	return p, nil
+}
+
+// checkURLCombinations refuses the combinations of parameters that
+// Config.validate would refuse naming Config fields, naming the URL
+// parameters instead.
+func checkURLCombinations(q *urlparam.Query, c Config) error {
+	if c.Plain {
+		k := q.First("tiers", "dlq")
+		if c.DeclareTopology {
+			k = "declare"
+		}
+		if k != "" {
+			return q.Errorf(k, "cannot go with plain=true: a plain source declares nothing, and has no wait queues or dead-letter queue")
+		}
+	}
+	switch {
+	case c.ConsumerTimeout == -1 && q.Has("consumer_timeout_warn"):
+		return q.Errorf("consumer_timeout_warn", "cannot go with consumer_timeout=-1, which turns the warning off")
+	case c.ConsumerTimeout > 0 && c.ConsumerTimeoutWarn > c.ConsumerTimeout:
+		return q.Errorf("consumer_timeout_warn", "is longer than consumer_timeout = %v", c.ConsumerTimeout)
+	case c.ConsumerTimeout == 0 && c.ConsumerTimeoutWarn > DefaultConsumerTimeout:
+		return q.Errorf("consumer_timeout_warn", "is longer than the default consumer_timeout, %v", DefaultConsumerTimeout)
+	}
+	for _, k := range []string{"dlq", ""} {
+		name := c.Queue
+		if k != "" {
+			name = c.DeadLetterQueue
+		}
+		if why := queueNameProblem(name); name != "" && why != "" {
+			if k == "" {
+				return q.Errorf("", "path names queue %q: %s", name, why)
+			}
+			return q.Errorf(k, "%s", why)
+		}
+	}
+	if d := c.Queue + ".dlq"; c.DeadLetterQueue == "" && !c.Plain && c.Queue != "" && queueNameProblem(d) != "" {
+		return q.Errorf("", "path names queue %q, whose dead-letter queue %q would be %s: name another with dlq=", c.Queue, d, queueNameProblem(d))
+	}
+	if c.DeadLetterQueue != "" && c.DeadLetterQueue == c.Queue {
+		return q.Errorf("dlq", "is the queue itself")
+	}
+	tiers := slices.Compact(slices.Sorted(slices.Values(c.DelayTiers)))
+	if len(tiers) > maxTiers {
+		return q.Errorf("tiers", "has %d distinct tiers: at most %d", len(tiers), maxTiers)
+	}
+	dlq := c.DeadLetterQueue
+	if dlq == "" {
+		dlq = c.Queue + ".dlq"
+	}
+	for _, t := range tiers {
+		if name := WaitQueueName(c.Queue, t); c.Queue != "" && queueNameProblem(name) != "" {
+			return q.Errorf("tiers", "the wait queue of %v, %q: %s", t, name, queueNameProblem(name))
+		} else if name == dlq && !c.Plain {
+			return q.Errorf("tiers", "the wait queue of %v is the dead-letter queue %q", t, dlq)
+		}
+	}
+	return nil
 }

@@ -17,15 +17,15 @@ import (
 func TestURLQueryNothingSilentlyDropped(t *testing.T) {
 	t.Parallel()
 	bad := map[string]string{
-		"rabbit://user:pa55@broker/orders?tls=true;declare=true":      "malformed query",
-		"rabbit://user:pa55@broker/orders?tls=tru%zz":                 "malformed query",
-		"amqp://user:pa55@broker/orders?prefetch=64;declare=true":     "malformed query",
-		"amqp://user:pa55@broker/orders?prefetch=":                    `parameter "prefetch" is empty`,
-		"amqp://user:pa55@broker/orders?dlq=":                         `parameter "dlq" is empty`,
-		"amqp://user:pa55@broker/orders?declare":                      `parameter "declare" is empty`,
-		"amqps://user:pa55@broker/orders?tls_server_name=":            `parameter "tls_server_name" is empty`,
-		"amqp://user:pa55@broker/orders?vhost=&queue_type=quorum":     `parameter "vhost" is empty`,
-		"amqp://user:pa55@broker/orders?consumer_timeout=&plain=true": `parameter "consumer_timeout" is empty`,
+		"rabbit://user:pa55@broker/orders?tls=true;declare=true":      "URL query is malformed",
+		"rabbit://user:pa55@broker/orders?tls=tru%zz":                 "URL query is malformed",
+		"amqp://user:pa55@broker/orders?prefetch=64;declare=true":     "URL query is malformed",
+		"amqp://user:pa55@broker/orders?prefetch=":                    `URL parameter "prefetch" is empty`,
+		"amqp://user:pa55@broker/orders?dlq=":                         `URL parameter "dlq" is empty`,
+		"amqp://user:pa55@broker/orders?declare":                      `URL parameter "declare" is empty`,
+		"amqps://user:pa55@broker/orders?tls_server_name=":            `URL parameter "tls_server_name" is empty`,
+		"amqp://user:pa55@broker/orders?vhost=&queue_type=quorum":     `URL parameter "vhost" is empty`,
+		"amqp://user:pa55@broker/orders?consumer_timeout=&plain=true": `URL parameter "consumer_timeout" is empty`,
 	}
 	for raw, want := range bad {
 		u, err := url.Parse(raw)
@@ -59,16 +59,16 @@ func TestURLParametersOfTheOtherSideRefused(t *testing.T) {
 		return u
 	}
 	sinkBad := map[string]string{
-		"amqp://user:pa55@broker/orders?prefetch=64":                 `parameter "prefetch" applies to sources only`,
-		"amqp://user:pa55@broker/orders?plain=true":                  `parameter "plain" applies to sources only`,
-		"amqp://user:pa55@broker/orders?consumer_timeout=1h":         `parameter "consumer_timeout" applies to sources only`,
-		"amqp://user:pa55@broker/orders?consumer_timeout_warn=1m":    `parameter "consumer_timeout_warn" applies to sources only`,
-		"amqp://user:pa55@broker/orders?declare=true&prefetch=64":    `parameter "prefetch" applies to sources only`,
-		"amqp://user:pa55@broker/orders?tiers=1s,1m":                 `parameter "tiers" applies to sources, and to sinks only with declare=true`,
-		"amqp://user:pa55@broker/orders?queue_type=quorum":           `parameter "queue_type" applies to sources, and to sinks only with declare=true`,
-		"amqp://user:pa55@broker/orders?dlq=orders.dead":             `parameter "dlq" applies to sources, and to sinks only with declare=true`,
-		"amqp://user:pa55@broker/orders?declare=false&tiers=1s,1m":   `parameter "tiers" applies to sources, and to sinks only with declare=true`,
-		"amqp://user:pa55@broker/orders?declare=false&dlq=elsewhere": `parameter "dlq" applies to sources, and to sinks only with declare=true`,
+		"amqp://user:pa55@broker/orders?prefetch=64":                 `URL parameter "prefetch" is for a source; a sink URL does not take it`,
+		"amqp://user:pa55@broker/orders?plain=true":                  `URL parameter "plain" is for a source; a sink URL does not take it`,
+		"amqp://user:pa55@broker/orders?consumer_timeout=1h":         `URL parameter "consumer_timeout" is for a source; a sink URL does not take it`,
+		"amqp://user:pa55@broker/orders?consumer_timeout_warn=1m":    `URL parameter "consumer_timeout_warn" is for a source; a sink URL does not take it`,
+		"amqp://user:pa55@broker/orders?declare=true&prefetch=64":    `URL parameter "prefetch" is for a source; a sink URL does not take it`,
+		"amqp://user:pa55@broker/orders?tiers=1s,1m":                 `URL parameter "tiers" is for a source, and for a sink only with declare=true`,
+		"amqp://user:pa55@broker/orders?queue_type=quorum":           `URL parameter "queue_type" is for a source, and for a sink only with declare=true`,
+		"amqp://user:pa55@broker/orders?dlq=orders.dead":             `URL parameter "dlq" is for a source, and for a sink only with declare=true`,
+		"amqp://user:pa55@broker/orders?declare=false&tiers=1s,1m":   `URL parameter "tiers" is for a source, and for a sink only with declare=true`,
+		"amqp://user:pa55@broker/orders?declare=false&dlq=elsewhere": `URL parameter "dlq" is for a source, and for a sink only with declare=true`,
 	}
 	for raw, want := range sinkBad {
 		if _, _, err := SinkConfigFromURL(parse(raw)); err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "pa55") {
@@ -79,8 +79,8 @@ func TestURLParametersOfTheOtherSideRefused(t *testing.T) {
 		}
 	}
 	sourceBad := map[string]string{
-		"amqp://user:pa55@broker/orders?exchange=events":     `parameter "exchange" applies to sinks only`,
-		"amqp://user:pa55@broker/orders?routing_key=created": `parameter "routing_key" applies to sinks only`,
+		"amqp://user:pa55@broker/orders?exchange=events":     `URL parameter "exchange" is for a sink; a source URL does not take it`,
+		"amqp://user:pa55@broker/orders?routing_key=created": `URL parameter "routing_key" is for a sink; a source URL does not take it`,
 	}
 	for raw, want := range sourceBad {
 		if _, err := ConfigFromURL(parse(raw)); err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "pa55") {
