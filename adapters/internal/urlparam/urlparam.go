@@ -40,6 +40,7 @@ import (
 	"fmt"
 	"math"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -174,6 +175,20 @@ func (t *Table) Markdown() string {
 		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", p.Name, p.Type, p.Side, p.Doc)
 	}
 	return b.String()
+}
+
+// DocumentedIn returns an error unless the file named path holds the
+// table as Markdown gives it: a test of each adapter calls it, so that the
+// docs' table of its parameters follows the code.
+func (t *Table) DocumentedIn(path string) error {
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if md := t.Markdown(); !strings.Contains(string(doc), md) {
+		return fmt.Errorf("%s lacks the table of %s URL parameters:\n%s", path, t.adapter, md)
+	}
+	return nil
 }
 
 func (t *Table) errorf(param, format string, args ...any) *Error {

@@ -299,3 +299,19 @@ func TestMarkdown(t *testing.T) {
 		t.Errorf("Markdown():\n%s", md)
 	}
 }
+
+func TestDocumentedIn(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "doc.md")
+	if err := os.WriteFile(f, []byte("# Demo\n\n"+table.Markdown()+"\nmore\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.DocumentedIn(f); err != nil {
+		t.Errorf("DocumentedIn: %v", err)
+	}
+	if err := os.WriteFile(f, []byte(strings.Replace(table.Markdown(), "consumer group", "group", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := table.DocumentedIn(f); err == nil || !strings.Contains(err.Error(), "lacks the table of demo URL parameters") {
+		t.Errorf("DocumentedIn of a stale table: %v", err)
+	}
+}
