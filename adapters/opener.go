@@ -169,6 +169,12 @@ func Schemes() []string {
 	return s
 }
 
+// ErrBadURL is matched (errors.Is) by the error of an adapter refusing a
+// URL it cannot read: a malformed query, an unknown, repeated, empty or
+// misplaced parameter (one only the other side uses), a bad value. Such an
+// error names the adapter and the URL parameter.
+var ErrBadURL = errors.New("bad URL")
+
 // ErrUnknownScheme is returned (wrapped) for a URL whose scheme no imported
 // adapter registered.
 var ErrUnknownScheme = errors.New("adapters: unknown URL scheme")

@@ -9,7 +9,6 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
-	"github.com/ackwise/ackwise/adapters/internal/urlparam"
 	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/adapters/memory/memorytest"
 )
@@ -119,7 +118,7 @@ func TestURLErrors(t *testing.T) {
 		{"mem://q?%zz", "memory: URL query is malformed"},
 	} {
 		_, err := adapters.OpenSource(ctx, c.url)
-		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, urlparam.ErrParam) {
+		if err == nil || !strings.Contains(err.Error(), c.want) || !errors.Is(err, adapters.ErrBadURL) {
 			t.Errorf("OpenSource(%q) = %v, want error containing %q", c.url, err, c.want)
 		}
 	}

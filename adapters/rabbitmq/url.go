@@ -96,8 +96,8 @@ var topologyParams = []string{"dlq", "queue_type", "tiers"}
 // parameters are listed in the package doc, each for a source, a sink or
 // both. An unknown, repeated or empty parameter is an error, and so are a
 // parameter for sinks only, a bad value and a malformed query (a ';'
-// separator, a bad %-escape); every such error wraps urlparam.ErrParam
-// (an internal package: match the text) and names the URL parameter.
+// separator, a bad %-escape); every such error matches
+// adapters.ErrBadURL and names the URL parameter.
 // Errors never contain the password.
 func ConfigFromURL(u *url.URL) (Config, error) {
 	p, err := parseURL(u, urlparam.Source)

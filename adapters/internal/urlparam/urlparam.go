@@ -49,8 +49,9 @@ import (
 	"github.com/ackwise/ackwise/adapters"
 )
 
-// ErrParam is matched (errors.Is) by every error this package returns.
-var ErrParam = errors.New("bad URL")
+// ErrParam is matched (errors.Is) by every error this package returns. It
+// is adapters.ErrBadURL, which programs match.
+var ErrParam = adapters.ErrBadURL
 
 // Error is an error in an adapter's URL. Its text is
 //
