@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -111,7 +112,8 @@ func (ob *observer) report(ctx context.Context, ev Event) {
 }
 
 // observe makes ob report the faults and crashes of the source s, whose
-// destination is d, until s is closed.
+// destination is d, until s is closed. The observers of closed sources
+// are dropped here and at their next event, so they do not pile up.
 func (d *dest) observe(s *source, ob *observer) {
 	if ob == nil {
 		return
@@ -122,6 +124,7 @@ func (d *dest) observe(s *source, ob *observer) {
 	if d.observers == nil {
 		d.observers = map[string]*observer{}
 	}
+	maps.DeleteFunc(d.observers, func(_ string, o *observer) bool { return o.src.closed.Load() })
 	d.observers[s.id] = ob
 }
 
