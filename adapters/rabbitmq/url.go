@@ -11,6 +11,7 @@ import (
 
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/internal/urlparam"
+	"github.com/ackwise/ackwise/retry"
 )
 
 func init() {
@@ -242,7 +243,7 @@ func parseURL(u *url.URL, side urlparam.Side) (parsedURL, error) {
 	if err := q.Err(); err != nil {
 		return p, err
 	}
-	if err := checkURLCombinations(q, c); err != nil {
+	if err := checkURLCombinations(q, c, side); err != nil {
 		return p, err
 	}
 	if k := q.First(urlparam.TLSParamNames...); k != "" && !p.useTLS {
@@ -258,8 +259,10 @@ func parseURL(u *url.URL, side urlparam.Side) (parsedURL, error) {
 
 // checkURLCombinations refuses the combinations of parameters that
 // Config.validate would refuse naming Config fields, naming the URL
-// parameters instead.
-func checkURLCombinations(q *urlparam.Query, c Config) error {
+// parameters instead. The names of the topology are checked when the URL
+// is a source's or declares it (declare=true): a sink publishing through
+// the default exchange uses the path's queue name only as its routing key.
+func checkURLCombinations(q *urlparam.Query, c Config, side urlparam.Side) error {
 	if c.Plain {
 		k := q.First("tiers", "dlq")
 		if c.DeclareTopology {
@@ -277,37 +280,43 @@ func checkURLCombinations(q *urlparam.Query, c Config) error {
 	case c.ConsumerTimeout == 0 && c.ConsumerTimeoutWarn > DefaultConsumerTimeout:
 		return q.Errorf("consumer_timeout_warn", "is longer than the default consumer_timeout, %v", DefaultConsumerTimeout)
 	}
-	for _, k := range []string{"dlq", ""} {
-		name := c.Queue
-		if k != "" {
-			name = c.DeadLetterQueue
-		}
-		if why := queueNameProblem(name); name != "" && why != "" {
-			if k == "" {
-				return q.Errorf("", "path names queue %q: %s", name, why)
-			}
-			return q.Errorf(k, "%s", why)
-		}
+	if side != urlparam.Source && !c.DeclareTopology || c.Queue == "" {
+		return nil // no topology; a URL without a queue is refused by its caller
 	}
-	if d := c.Queue + ".dlq"; c.DeadLetterQueue == "" && !c.Plain && c.Queue != "" && queueNameProblem(d) != "" {
-		return q.Errorf("", "path names queue %q, whose dead-letter queue %q would be %s: name another with dlq=", c.Queue, d, queueNameProblem(d))
+	if why := queueNameProblem(c.Queue); why != "" {
+		return q.Errorf("", "path names queue %q: %s", c.Queue, why)
 	}
-	if c.DeadLetterQueue != "" && c.DeadLetterQueue == c.Queue {
+	if c.Plain {
+		return nil // a plain source has no other queues
+	}
+	dlq := c.DeadLetterQueue
+	if dlq == "" {
+		dlq = c.Queue + ".dlq"
+		if why := queueNameProblem(dlq); why != "" {
+			return q.Errorf("", "path names queue %q, whose dead-letter queue %q would be %s: name another with dlq=", c.Queue, dlq, why)
+		}
+	} else if why := queueNameProblem(dlq); why != "" {
+		return q.Errorf("dlq", "%s", why)
+	}
+	if dlq == c.Queue {
 		return q.Errorf("dlq", "is the queue itself")
 	}
 	tiers := slices.Compact(slices.Sorted(slices.Values(c.DelayTiers)))
 	if len(tiers) > maxTiers {
 		return q.Errorf("tiers", "has %d distinct tiers: at most %d", len(tiers), maxTiers)
 	}
-	dlq := c.DeadLetterQueue
-	if dlq == "" {
-		dlq = c.Queue + ".dlq"
+	if len(tiers) == 0 {
+		tiers = TiersFor(retry.Policy{})
 	}
 	for _, t := range tiers {
-		if name := WaitQueueName(c.Queue, t); c.Queue != "" && queueNameProblem(name) != "" {
-			return q.Errorf("tiers", "the wait queue of %v, %q: %s", t, name, queueNameProblem(name))
-		} else if name == dlq && !c.Plain {
-			return q.Errorf("tiers", "the wait queue of %v is the dead-letter queue %q", t, dlq)
+		name := WaitQueueName(c.Queue, t)
+		switch why := queueNameProblem(name); {
+		case why != "" && q.Has("tiers"):
+			return q.Errorf("tiers", "the wait queue of %v, %q, would be %s", t, name, why)
+		case why != "":
+			return q.Errorf("", "path names queue %q, whose wait queue %q (of the default delay tier %v) would be %s", c.Queue, name, t, why)
+		case name == dlq:
+			return q.Errorf("dlq", "is the wait queue of the delay tier %v", t)
 		}
 	}
 	return nil
