@@ -60,7 +60,7 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 		if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			k = FaultHangPublish
 		}
-		s.obs.report(ctx, Event{Kind: EventFault, Fault: k, Dest: s.Name(), ID: adaptersEventID(msgs[at])})
+		s.obs.report(ctx, Event{Kind: EventFault, Fault: k, Dest: s.Name(), ID: msgs[at].EventID()})
 	}
 	errs := make([]error, len(msgs))
 	errs[at] = err
