@@ -193,8 +193,7 @@ func TestConfigFromURL(t *testing.T) {
 		"amqp://user:pa55@broker/orders.dlq?plain=true&dlq=x":                         `URL parameter "dlq" = "x": cannot go with plain=true`,
 		"amqp://user:pa55@broker/orders?dlq=orders":                                   `URL parameter "dlq" = "orders": is the queue itself`,
 		"amqp://user:pa55@broker/orders?dlq=amq.x":                                    `URL parameter "dlq" = "amq.x": the amq. prefix is reserved by the broker`,
-		"amqp://user:pa55@broker/orders?dlq=orders.wait.1s":                           `URL parameter "dlq" = "orders.wait.1s": is the wait queue of the delay tier 1s`,
-		"amqp://user:pa55@broker/" + strings.Repeat("q", 250):                         `whose wait queue "` + strings.Repeat("q", 250) + `.wait.1s" (of the default delay tier 1s) would be longer than 255 bytes`,
+		"amqp://user:pa55@broker/orders?tiers=1s&dlq=orders.wait.1s":                  `URL parameter "dlq" = "orders.wait.1s": is the wait queue of the delay tier 1s`,
 		"amqp://user:pa55@broker/" + strings.Repeat("q", 250) + "?dlq=d&tiers=1s":     `URL parameter "tiers" = "1s": the wait queue of 1s, "` + strings.Repeat("q", 250) + `.wait.1s", would be longer than 255 bytes`,
 		"amqp://user:pa55@broker/" + strings.Repeat("q", 253):                         `whose dead-letter queue "` + strings.Repeat("q", 253) + `.dlq" would be longer than 255 bytes: name another with dlq=`,
 		"amqp://user:pa55@broker/amq.orders":                                          `rabbitmq: URL path names queue "amq.orders": the amq. prefix is reserved by the broker`,
@@ -227,7 +226,7 @@ func TestSinkConfigFromURL(t *testing.T) {
 	if sc, _, err := SinkConfigFromURL(u); err != nil || sc.RoutingKey != long {
 		t.Fatalf("sink on a long queue name: %+v %v", sc, err)
 	}
-	u, _ = url.Parse("amqp://broker/" + long + "?declare=true")
+	u, _ = url.Parse("amqp://broker/" + long + "?declare=true&tiers=1s&dlq=d")
 	if _, _, err := SinkConfigFromURL(u); err == nil || !strings.Contains(err.Error(), "longer than 255 bytes") {
 		t.Fatalf("sink declaring a long queue's topology: %v", err)
 	}

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/internal/urlparam"
-	"github.com/ackwise/ackwise/retry"
 )
 
 func init() {
@@ -305,16 +304,11 @@ func checkURLCombinations(q *urlparam.Query, c Config, side urlparam.Side) error
 	if len(tiers) > maxTiers {
 		return q.Errorf("tiers", "has %d distinct tiers: at most %d", len(tiers), maxTiers)
 	}
-	if len(tiers) == 0 {
-		tiers = TiersFor(retry.Policy{})
-	}
 	for _, t := range tiers {
 		name := WaitQueueName(c.Queue, t)
 		switch why := queueNameProblem(name); {
-		case why != "" && q.Has("tiers"):
-			return q.Errorf("tiers", "the wait queue of %v, %q, would be %s", t, name, why)
 		case why != "":
-			return q.Errorf("", "path names queue %q, whose wait queue %q (of the default delay tier %v) would be %s", c.Queue, name, t, why)
+			return q.Errorf("tiers", "the wait queue of %v, %q, would be %s", t, name, why)
 		case name == dlq:
 			return q.Errorf("dlq", "is the wait queue of the delay tier %v", t)
 		}
