@@ -262,6 +262,8 @@ func (p *pool) splitLocked(ts []task, emit func(*chunk)) {
 	}
 }
 
+// newChunkLocked takes a chunk from the pool, or makes one. Called with
+// c.mu held.
 func (p *pool) newChunkLocked() *chunk {
 	if n := len(p.freeChunks); n > 0 {
 		ch := p.freeChunks[n-1]
@@ -272,6 +274,8 @@ func (p *pool) newChunkLocked() *chunk {
 	return &chunk{}
 }
 
+// recycleLocked empties ch and returns it to the pool (dispatch's own
+// chunk is kept aside). Called with c.mu held.
 func (p *pool) recycleLocked(ch *chunk) {
 	c := p.c
 	forget(c, ch.tasks)
@@ -297,6 +301,8 @@ func forget[T any](c *Consumer, s []T) {
 	}
 }
 
+// run is a worker: it takes chunks off the work queue and runs them, one
+// handler slot held while it does, until quit is closed.
 func (p *pool) run(ctx context.Context, w *workerState, quit <-chan struct{}) {
 	for {
 		var ch *chunk
@@ -519,7 +525,7 @@ func (p *pool) finishRan(w *workerState, done *chunk) *chunk {
 	if drop != nil {
 		// Their lanes stay busy until the last message queued is released:
 		// one received meanwhile is queued, and released too, and the lane
-		// is marked again as it goes idle (see finishOne).
+		// is marked again as it goes idle (see Consumer.finishOne).
 		p.releaseChunk(nil, drop, true)
 	}
 	return next
@@ -581,7 +587,7 @@ func (p *pool) ackRan(w *workerState) {
 
 // releaseChunk releases the tasks of ch that nobody claimed, with the
 // messages behind them in their lanes, and recycles ch. w, when not nil, is
-// the worker whose active chunk ch is; remark as for finishOne.
+// the worker whose active chunk ch is; remark as for Consumer.finishOne.
 func (p *pool) releaseChunk(w *workerState, ch *chunk, remark bool) {
 	c := p.c
 	for t, ok := ch.claim(); ok; t, ok = ch.claim() {

@@ -58,7 +58,7 @@ type lane struct {
 	// back to the broker unsettled (0: never), and returned that message's
 	// identity. Another message received before that, but dispatched
 	// after, would overtake its redelivery: dispatch releases it too (see
-	// Consumer.dispatch).
+	// pool.dispatch).
 	returnedAt uint64
 	returned   msgID
 }
@@ -123,7 +123,7 @@ func (l *lanes) ofLocked(msg *ackwise.Message) *lane {
 
 // newLocked returns a lane for a key seen first, a free one if any. When
 // limit lanes are kept, the idle ones are dropped first (and with them
-// what their returnedAt said: see Consumer.dispatch). Caller holds c.mu.
+// what their returnedAt said: see pool.dispatch). Caller holds c.mu.
 func (l *lanes) newLocked() *lane {
 	if len(l.byKey)+len(l.byPart) >= l.limit {
 		// Drop the idle lanes. At most MaxInFlight are busy, so this runs
