@@ -270,6 +270,11 @@ func (s *Source) Backlog(ctx context.Context) (int, error) {
 	if err == nil {
 		err = offs.Error()
 	}
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		// A group that has not joined yet has committed nothing (a broker
+		// may say so before the group's first join is recorded).
+		offs, err = nil, nil
+	}
 	if err != nil {
 		return 0, fmt.Errorf("kafka: backlog of %v: fetch the offsets of group %q: %w", topics, s.cfg.Group, err)
 	}
