@@ -277,11 +277,27 @@ func (q *queue) settleLocked(rec *record) {
 	}
 }
 
-// unleaseLocked takes rec, in flight, off its lease and ends its current
-// delivery, for Nack and Release to put it back.
-func (q *queue) unleaseLocked(rec *record) {
+// putBackLocked takes d's record, in flight, off its lease, ends its
+// current delivery, records the event of kind (Nack, Release) and makes
+// the record visible again after delay (at once for a delay of zero or
+// less). It releases q.mu.
+func (q *queue) putBackLocked(d *delivery, kind EventKind, delay time.Duration, now time.Time) {
+	rec := d.rec
 	q.inflight.remove(rec)
 	q.voidGenLocked(rec)
+	if q.b.history {
+		ev := d.event(kind)
+		ev.Delay = max(delay, 0)
+		q.record(ev, now)
+	}
+	if delay > 0 {
+		rec.state = stDelayed
+		rec.visibleAt = deadline(now.UnixNano(), delay)
+		q.delayed.push(rec)
+	} else {
+		q.makeVisibleLocked(rec)
+	}
+	q.wakeUnlockRedrive()
 }
 
 // voidGenLocked ends rec's current delivery, settled by one of its
@@ -773,25 +789,10 @@ func (s *QueueSource) Nack(ctx context.Context, msg *ackwise.Message, delay time
 	if d == nil {
 		return err
 	}
-	q := s.q
-	rec := d.rec
-	q.unleaseLocked(rec)
-	if rec.firstFailure.IsZero() {
+	if rec := d.rec; rec.firstFailure.IsZero() {
 		rec.firstFailure = now
 	}
-	if q.b.history {
-		ev := d.event(EventNacked)
-		ev.Delay = max(delay, 0)
-		q.record(ev, now)
-	}
-	if delay > 0 {
-		rec.state = stDelayed
-		rec.visibleAt = deadline(now.UnixNano(), delay)
-		q.delayed.push(rec)
-	} else {
-		q.makeVisibleLocked(rec)
-	}
-	q.wakeUnlockRedrive()
+	s.q.putBackLocked(d, EventNacked, delay, now)
 	return nil
 }
 
@@ -856,14 +857,7 @@ func (s *QueueSource) Release(ctx context.Context, msg *ackwise.Message) error {
 	if d == nil {
 		return err
 	}
-	q := s.q
-	rec := d.rec
-	q.unleaseLocked(rec)
-	if q.b.history {
-		q.record(d.event(EventReleased), now)
-	}
-	q.makeVisibleLocked(rec)
-	q.wakeUnlockRedrive()
+	s.q.putBackLocked(d, EventReleased, 0, now)
 	return nil
 }
 
