@@ -674,10 +674,11 @@ func (s *GroupSource) recordDelivery(d *logDelivery, now time.Time) {
 }
 
 func (s *GroupSource) handle(msg *ackwise.Message) (*logDelivery, error) {
-	return handleOf[*logDelivery](&s.source, msg)
+	if d, ok := s.receipt(msg).(*logDelivery); ok && d.src == s {
+		return d, nil
+	}
+	return nil, s.notMine(msg)
 }
-
-func (d *logDelivery) owner() *source { return &d.src.source }
 
 // begin does what every settle call starts with, as QueueSource.begin
 // does: the delivery, ctx, the source's state, an outage, the settle faults

@@ -690,10 +690,11 @@ func (q *queue) recordDelivery(d *delivery, s *QueueSource, now time.Time) {
 
 // handle returns msg's delivery if this source delivered it.
 func (s *QueueSource) handle(msg *ackwise.Message) (*delivery, error) {
-	return handleOf[*delivery](&s.source, msg)
+	if d, ok := s.receipt(msg).(*delivery); ok && d.src == s {
+		return d, nil
+	}
+	return nil, s.notMine(msg)
 }
-
-func (d *delivery) owner() *source { return &d.src.source }
 
 // begin does what every settle call starts with: it checks that msg is
 // this source's delivery, ctx is live, the source is neither closed nor

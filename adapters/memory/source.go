@@ -234,18 +234,21 @@ func (s *source) lockSettle(msg *ackwise.Message, now time.Time, kinds ...FaultK
 	return true, err
 }
 
-// handleOf returns msg's delivery if source s delivered it, else an error
-// wrapping adapters.ErrReceiptInvalid.
-func handleOf[D interface{ owner() *source }](s *source, msg *ackwise.Message) (D, error) {
-	var none D
+// receipt returns msg's Handle, nil for a nil msg.
+func (s *source) receipt(msg *ackwise.Message) any {
 	if msg == nil {
-		return none, fmt.Errorf("memory: nil message: %w", adapters.ErrReceiptInvalid)
+		return nil
 	}
-	d, ok := msg.Handle.(D)
-	if !ok || d.owner() != s {
-		return none, fmt.Errorf("memory: message %q was not delivered by source %s: %w", msg.ID, s.id, adapters.ErrReceiptInvalid)
+	return msg.Handle
+}
+
+// notMine returns the error of a settle call on msg, which s did not
+// deliver (or which is nil).
+func (s *source) notMine(msg *ackwise.Message) error {
+	if msg == nil {
+		return fmt.Errorf("memory: nil message: %w", adapters.ErrReceiptInvalid)
 	}
-	return d, nil
+	return fmt.Errorf("memory: message %q was not delivered by source %s: %w", msg.ID, s.id, adapters.ErrReceiptInvalid)
 }
 
 // inject puts the settle or receive fault f in force on s only.
