@@ -438,27 +438,23 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 		}
 		return res.Moved
 	}
-	buf := make([]*ackwise.Message, batch)
-	for {
+	plan := func() (int, StopReason, error) {
 		want := batch
 		if opts.Max > 0 {
 			if counted() >= opts.Max {
-				res.Stop = StopMax
-				break
+				return 0, StopMax, nil
 			}
 			want = min(want, opts.Max-counted())
 		}
 		room := r.maxHeld - len(r.pending)
 		if room <= 0 {
-			res.Stop = StopHeldLimit
-			break
+			return 0, StopHeldLimit, nil
 		}
 		want = min(want, room)
 		if backlog >= 0 {
 			left := backlog - r.seen
 			if left <= 0 {
-				res.Stop = StopBacklog
-				break
+				return 0, StopBacklog, nil
 			}
 			want = min(want, left)
 		}
@@ -466,87 +462,98 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 			// Receive only when the next publish may go, so that no message
 			// waits for the rate cap for long while its lease runs.
 			if err := tokenReady(ctx, lim); err != nil {
-				res.Stop = StopCanceled
-				res.ReleaseFailed = r.releaseAll(ctx)
-				return res, err
+				return 0, StopCanceled, err
 			}
 		}
-		stop, err := r.batch(ctx, buf[:want], func(msg *ackwise.Message) (StopReason, error) {
-			env, derr := Decode(msg.Headers)
-			switch {
-			case derr != nil:
-				res.Skipped++
-				res.NoEnvelope++
-				r.hold(msg)
-				note(msg, Envelope{}, ActionNoEnvelope)
-				return "", nil
-			case opts.Filter != nil && !opts.Filter(msg, env):
-				res.Skipped++
-				r.hold(msg)
-				note(msg, env, ActionSkipped)
-				return "", nil
-			}
-			id := msg.EventID()
-			count, countOK := RedriveCount(msg.Headers)
-			switch {
-			case PayloadCut(msg.Headers):
-				res.PayloadCut++
-				r.hold(msg)
-				note(msg, env, ActionPayloadCut)
-				return "", nil
-			case id != "" && moved.has(id):
-				res.AlreadyMoved++
-				r.hold(msg)
-				note(msg, env, ActionAlreadyMoved)
-				return "", nil
-			case !opts.Force && (!countOK || count >= maxRedrives):
-				res.RedriveLimited++
-				r.hold(msg)
-				note(msg, env, ActionRedriveLimit)
-				return "", nil
-			case id != "" && moved.len() >= MaxMovedIDs:
-				r.hold(msg)
-				return StopMovedLimit, nil
-			case opts.DryRun:
-				res.WouldMove++
-				moved.add(id)
-				r.hold(msg)
-				note(msg, env, ActionWouldMove)
-				return "", nil
-			}
-			if !countOK {
-				count = math.MaxInt // unreadable: past every limit, and stays so
-			}
-			if err := r.move(ctx, to, lim, cmp.Or(opts.PublishTimeout, DefaultPublishTimeout), msg, count); err != nil {
-				if ctx.Err() != nil || errors.Is(err, errRateDeadline) {
-					return StopCanceled, err
-				}
-				res.Failed++
-				note(msg, env, ActionFailed)
-				return StopError, err
-			}
-			res.Moved++
-			moved.add(id)
-			note(msg, env, ActionMoved)
-			return "", nil
-		})
-		if stop != "" {
-			res.Stop = stop
-			res.ReleaseFailed = r.releaseAll(ctx)
-			return res, err
-		}
+		return want, "", nil
 	}
-	res.ReleaseFailed = r.releaseAll(ctx)
-	return res, nil
+	var err error
+	res.Stop, res.ReleaseFailed, err = r.drive(ctx, make([]*ackwise.Message, batch), plan, func(msg *ackwise.Message) (StopReason, error) {
+		env, derr := Decode(msg.Headers)
+		switch {
+		case derr != nil:
+			res.Skipped++
+			res.NoEnvelope++
+			r.hold(msg)
+			note(msg, Envelope{}, ActionNoEnvelope)
+			return "", nil
+		case opts.Filter != nil && !opts.Filter(msg, env):
+			res.Skipped++
+			r.hold(msg)
+			note(msg, env, ActionSkipped)
+			return "", nil
+		}
+		id := msg.EventID()
+		count, countOK := RedriveCount(msg.Headers)
+		switch {
+		case PayloadCut(msg.Headers):
+			res.PayloadCut++
+			r.hold(msg)
+			note(msg, env, ActionPayloadCut)
+			return "", nil
+		case id != "" && moved.has(id):
+			res.AlreadyMoved++
+			r.hold(msg)
+			note(msg, env, ActionAlreadyMoved)
+			return "", nil
+		case !opts.Force && (!countOK || count >= maxRedrives):
+			res.RedriveLimited++
+			r.hold(msg)
+			note(msg, env, ActionRedriveLimit)
+			return "", nil
+		case id != "" && moved.len() >= MaxMovedIDs:
+			r.hold(msg)
+			return StopMovedLimit, nil
+		case opts.DryRun:
+			res.WouldMove++
+			moved.add(id)
+			r.hold(msg)
+			note(msg, env, ActionWouldMove)
+			return "", nil
+		}
+		if !countOK {
+			count = math.MaxInt // unreadable: past every limit, and stays so
+		}
+		if err := r.move(ctx, to, lim, cmp.Or(opts.PublishTimeout, DefaultPublishTimeout), msg, count); err != nil {
+			if ctx.Err() != nil || errors.Is(err, errRateDeadline) {
+				return StopCanceled, err
+			}
+			res.Failed++
+			note(msg, env, ActionFailed)
+			return StopError, err
+		}
+		res.Moved++
+		moved.add(id)
+		note(msg, env, ActionMoved)
+		return "", nil
+	})
+	return res, err
 }
 
-// batch receives up to len(buf) messages and calls f on each that is not a
-// redelivery of one the run holds (those it holds again). A failed receive
-// ends it with the receive's stop reason and error; a message the run took
-// coming back with no new one since ends it with StopRepeat, and f ends it
-// with a stop reason it returns (and its error). The messages of the batch
-// after the one it ended at are held, to be released with the rest: they
-// are this run's to release.
+// drive is the loop Redrive and Inspect share. Before each batch plan says
+// how many messages it may take, or why the run stops there (with the
+// error that stopped it, if any). A batch receives that many and calls f on
+// each that is not a redelivery of one the run holds (those it holds
+// again). A failed receive ends the run with the receive's stop reason and
+// error; a message the run took coming back with no new one since ends it
+// with StopRepeat; f ends it with a stop reason it returns (and its
+// error). The messages of the batch after the one it ended at are held:
+// they are this run's to release. Whatever the run holds is released when
+// it ends; drive returns why it ended, how many releases failed, and the
+// error.
+func (r *run) drive(ctx context.Context, buf []*ackwise.Message, plan func() (int, StopReason, error), f func(msg *ackwise.Message) (StopReason, error)) (StopReason, int, error) {
+	for {
+		want, stop, err := plan()
+		if stop == "" {
+			stop, err = r.batch(ctx, buf[:want], f)
+		}
+		if stop != "" {
+			return stop, r.releaseAll(ctx), err
+		}
+	}
+}
+
+// batch is one batch of drive.
 func (r *run) batch(ctx context.Context, buf []*ackwise.Message, f func(msg *ackwise.Message) (StopReason, error)) (StopReason, error) {
 	n, stop, err := r.receive(ctx, buf)
 	if stop != "" {
@@ -863,29 +870,23 @@ func Inspect(ctx context.Context, from RedriveSource, opts InspectOptions) (Insp
 	r.defaults()
 	var res InspectResult
 	buf := make([]*ackwise.Message, min(opts.Max, maxBatch))
-	for {
-		want := min(len(buf), opts.Max-len(res.Letters))
-		if want <= 0 {
-			res.Stop = StopMax
-			break
+	plan := func() (int, StopReason, error) {
+		if want := min(len(buf), opts.Max-len(res.Letters)); want > 0 {
+			return want, "", nil
 		}
-		stop, err := r.batch(ctx, buf[:want], func(msg *ackwise.Message) (StopReason, error) {
-			r.hold(msg)
-			env, derr := Decode(msg.Headers)
-			if derr != nil {
-				env = Envelope{}
-			}
-			res.Letters = append(res.Letters, Letter{Message: copyMessage(msg), Envelope: env, Err: derr})
-			return "", nil
-		})
-		if stop != "" {
-			res.Stop = stop
-			res.ReleaseFailed = r.releaseAll(ctx)
-			return res, err
-		}
+		return 0, StopMax, nil
 	}
-	res.ReleaseFailed = r.releaseAll(ctx)
-	return res, nil
+	var err error
+	res.Stop, res.ReleaseFailed, err = r.drive(ctx, buf, plan, func(msg *ackwise.Message) (StopReason, error) {
+		r.hold(msg)
+		env, derr := Decode(msg.Headers)
+		if derr != nil {
+			env = Envelope{}
+		}
+		res.Letters = append(res.Letters, Letter{Message: copyMessage(msg), Envelope: env, Err: derr})
+		return "", nil
+	})
+	return res, err
 }
 
 // copyMessage copies the fields of a delivery that outlive it: a broker may
