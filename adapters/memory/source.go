@@ -169,13 +169,10 @@ func (s *source) lockReceive(ctx context.Context, empty bool) (now time.Time, ok
 	}
 	d.mu.Lock()
 	now = d.b.clock.Now()
-	switch {
-	case d.deleted:
+	if d.deleted {
 		err = adapters.ErrClosed
-	default:
-		if err = s.stateErr(); err == nil {
-			err = d.unavailable(now)
-		}
+	} else if err = s.stateErr(); err == nil {
+		err = d.unavailable(now)
 	}
 	if err != nil {
 		d.mu.Unlock()
