@@ -356,7 +356,7 @@ func kafkaTimedSource(b *testing.B, prefix string, p kafkaPayload) (*kafka.Sourc
 	b.Helper()
 	brokers, topic := kafkaFilledTopic(b, prefix, p)
 	mt := startMeter()
-	src, err := kafka.NewSource(context.Background(), kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
+	src, err := kafka.NewSource(context.Background(), kafka.SourceConfig{ClientConfig: kafka.ClientConfig{Brokers: brokers}, Topic: topic, Group: topic + "-g"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -480,7 +480,7 @@ func BenchmarkKafkaKeyParallel(b *testing.B) {
 				kafkaProduce(b, brokers, topic, 1, records, keys, kafkaPayloads[0])
 				b.StartTimer()
 				start := time.Now()
-				src, err := kafka.NewSource(context.Background(), kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"})
+				src, err := kafka.NewSource(context.Background(), kafka.SourceConfig{ClientConfig: kafka.ClientConfig{Brokers: brokers}, Topic: topic, Group: topic + "-g"})
 				if err != nil {
 					b.Fatal(err)
 				}

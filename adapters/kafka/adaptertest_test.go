@@ -23,7 +23,7 @@ func TestConformance(t *testing.T) {
 	brokers := c.ListenAddrs()
 	adaptertest.Run(t, adaptertest.Harness{Open: func(t testing.TB, fc adaptertest.FixtureConfig) adaptertest.Fixture {
 		topic := kafka.NewTopicName(t)
-		cfg := kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g", RetryTiers: fc.DelayTiers}
+		cfg := kafka.SourceConfig{ClientConfig: kafka.ClientConfig{Brokers: brokers}, Topic: topic, Group: topic + "-g", RetryTiers: fc.DelayTiers}
 		parts := int32(fc.Partitions)
 		if parts == 0 {
 			parts = 1
@@ -32,7 +32,7 @@ func TestConformance(t *testing.T) {
 		if err := kafka.CreateTopics(ctx, cfg, parts, 1); err != nil {
 			t.Fatal(err)
 		}
-		sink, err := kafka.NewSink(ctx, cfg)
+		sink, err := kafka.NewSink(ctx, kafka.SinkConfig{ClientConfig: cfg.ClientConfig, Topic: topic})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -80,7 +80,7 @@ func TestConformanceShareGroup(t *testing.T) {
 	brokers := c.ListenAddrs()
 	adaptertest.Run(t, adaptertest.Harness{Open: func(t testing.TB, fc adaptertest.FixtureConfig) adaptertest.Fixture {
 		topic := kafka.NewTopicName(t)
-		cfg := kafka.Config{Brokers: brokers, Topic: topic, Group: topic + "-g"}
+		cfg := kafka.SourceConfig{ClientConfig: kafka.ClientConfig{Brokers: brokers}, Topic: topic, Group: topic + "-g"}
 		parts := int32(fc.Partitions)
 		if parts == 0 {
 			parts = 1
@@ -89,7 +89,7 @@ func TestConformanceShareGroup(t *testing.T) {
 		if err := kafka.CreateTopics(ctx, cfg, parts, 1); err != nil {
 			t.Fatal(err)
 		}
-		sink, err := kafka.NewSink(ctx, cfg)
+		sink, err := kafka.NewSink(ctx, kafka.SinkConfig{ClientConfig: cfg.ClientConfig, Topic: topic})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -97,7 +97,7 @@ func TestConformanceShareGroup(t *testing.T) {
 		return adaptertest.Fixture{
 			Sink: sink,
 			NewSource: func(t testing.TB) adapters.Source {
-				src, err := kafka.NewShareSource(ctx, cfg)
+				src, err := kafka.NewShareSource(ctx, kafka.ShareConfig{ClientConfig: cfg.ClientConfig, Topic: topic, Group: cfg.Group})
 				if err != nil {
 					t.Fatal(err)
 				}

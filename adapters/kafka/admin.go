@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/ackwise/ackwise"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -11,21 +12,24 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// CreateTopics creates every topic of cfg's chain (see [Config.Topics]) with
+// CreateTopics creates every topic of cfg's chain (see [SourceConfig.Topics]) with
 // the given partitions and replication factor (-1: the broker's default),
 // leaving topics that exist alone. Retry and dead-letter topics get the same
 // partition count as the topic (the existing topic's, when it exists), so
 // that a retried record keeps its key's partition.
-func CreateTopics(ctx context.Context, cfg Config, partitions int32, replicationFactor int16) error {
+//
+// Of cfg, the ClientConfig and the topics are used: Group and the fields
+// about consuming are not, and may be left empty.
+func CreateTopics(ctx context.Context, cfg SourceConfig, partitions int32, replicationFactor int16) error {
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(false); err != nil {
+	if err := cfg.ClientConfig.validate("SourceConfig", cfg.Topic); err != nil {
 		return err
 	}
 	if err := cfg.validateChain(); err != nil { // or it would create topics named after bad tiers
 		return err
 	}
 	// cfg.Options too: they may carry the dialer or the authentication.
-	cl, err := kgo.NewClient(append(cfg.clientOpts(), cfg.Options...)...)
+	cl, err := kgo.NewClient(append(cfg.ClientConfig.opts(), cfg.Options...)...)
 	if err != nil {
 		return fmt.Errorf("kafka: new client: %w", err)
 	}
@@ -81,7 +85,7 @@ func missingTopics(ctx context.Context, cl *kgo.Client, topics []string) ([]stri
 // source that never dead-letters (the CLI reading a dead-letter topic) has
 // none, and may not be allowed to describe it; every dead letter to it fails
 // loudly.
-func checkWriteTopics(ctx context.Context, cl *kgo.Client, cfg Config, retryTopics []string) error {
+func checkWriteTopics(ctx context.Context, cl *kgo.Client, log *slog.Logger, group, deadLetterTopic string, retryTopics []string) error {
 	missing, err := missingTopics(ctx, cl, retryTopics)
 	if err != nil {
 		return err
@@ -89,12 +93,12 @@ func checkWriteTopics(ctx context.Context, cl *kgo.Client, cfg Config, retryTopi
 	if len(missing) > 0 {
 		return fmt.Errorf("kafka: retry topics %v do not exist: every retry move to them would fail and the record come back at the same attempt; create them first (kafka.CreateTopics creates the whole chain)", missing)
 	}
-	switch dead, err := missingTopics(ctx, cl, []string{cfg.DeadLetterTopic}); {
+	switch dead, err := missingTopics(ctx, cl, []string{deadLetterTopic}); {
 	case err != nil:
-		cfg.Logger.Warn("kafka: cannot check that the dead-letter topic exists", ackwise.LogKeyTopic, cfg.DeadLetterTopic, ackwise.LogKeyGroup, cfg.Group, ackwise.LogKeyError, err)
+		log.Warn("kafka: cannot check that the dead-letter topic exists", ackwise.LogKeyTopic, deadLetterTopic, ackwise.LogKeyGroup, group, ackwise.LogKeyError, err)
 	case len(dead) > 0:
-		cfg.Logger.Error("kafka: the dead-letter topic does not exist: every dead letter will fail, and its record come back; create it (kafka.CreateTopics creates the whole chain)",
-			ackwise.LogKeyTopic, cfg.DeadLetterTopic, ackwise.LogKeyGroup, cfg.Group)
+		log.Error("kafka: the dead-letter topic does not exist: every dead letter will fail, and its record come back; create it (kafka.CreateTopics creates the whole chain)",
+			ackwise.LogKeyTopic, deadLetterTopic, ackwise.LogKeyGroup, group)
 	}
 	return nil
 }

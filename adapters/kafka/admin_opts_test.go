@@ -11,7 +11,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 )
 
-// TestCreateTopicsUsesOptions: Config.Options may carry how to reach the
+// TestCreateTopicsUsesOptions: ClientConfig.Options may carry how to reach the
 // brokers (a dialer, the authentication); NewSource and NewSink use them, so
 // CreateTopics must too, or it cannot reach brokers the source and sink can.
 func TestCreateTopicsUsesOptions(t *testing.T) {
@@ -21,12 +21,11 @@ func TestCreateTopicsUsesOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	cfg := Config{Brokers: c.ListenAddrs(), Topic: uniq("t"), Group: "g", RetryTiers: []time.Duration{time.Minute},
-		Options: []kgo.Opt{kgo.SASL(plain.Auth{User: "ackwise", Pass: "pw"}.AsMechanism())}}
+	cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: c.ListenAddrs(), Options: []kgo.Opt{kgo.SASL(plain.Auth{User: "ackwise", Pass: "pw"}.AsMechanism())}}, Topic: uniq("t"), Group: "g", RetryTiers: []time.Duration{time.Minute}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := CreateTopics(ctx, cfg, 1, 1); err != nil {
-		t.Fatalf("CreateTopics with the authentication in Config.Options: %v", err)
+		t.Fatalf("CreateTopics with the authentication in ClientConfig.Options: %v", err)
 	}
 	openSink(t, cfg)
 }
@@ -40,10 +39,10 @@ func TestCreateTopicsMatchesExistingTopic(t *testing.T) {
 	topic := uniq("t")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := CreateTopics(ctx, Config{Brokers: brokers, Topic: topic}, 4, 1); err != nil {
+	if err := CreateTopics(ctx, SourceConfig{ClientConfig: ClientConfig{Brokers: brokers}, Topic: topic}, 4, 1); err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Brokers: brokers, Topic: topic, Group: "g", RetryTiers: []time.Duration{time.Minute}}
+	cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers}, Topic: topic, Group: "g", RetryTiers: []time.Duration{time.Minute}}
 	if err := CreateTopics(ctx, cfg, 1, 1); err != nil {
 		t.Fatal(err)
 	}

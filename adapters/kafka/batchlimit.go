@@ -25,7 +25,7 @@ type batchLimits struct {
 	mu sync.Mutex // serializes the writers of m
 
 	// client is the batch limit the client applies (the limits read here,
-	// unless Config.Options set kgo.ProducerBatchMaxBytes), set by read.
+	// unless the Options of the config set kgo.ProducerBatchMaxBytes), set by read.
 	client func(topic string) int32
 }
 

@@ -23,10 +23,10 @@ func TestSourcesBatchUnderMoveTopicLimits(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		tiers []time.Duration
-		open  func(*testing.T, Config) *kgo.Client
+		open  func(*testing.T, SourceConfig) *kgo.Client
 	}{
-		{"group", []time.Duration{time.Second}, func(t *testing.T, cfg Config) *kgo.Client { return openSource(t, cfg).Client() }},
-		{"share", nil, func(t *testing.T, cfg Config) *kgo.Client { return openShare(t, cfg).Client() }},
+		{"group", []time.Duration{time.Second}, func(t *testing.T, cfg SourceConfig) *kgo.Client { return openSource(t, cfg).Client() }},
+		{"share", nil, func(t *testing.T, cfg SourceConfig) *kgo.Client { return openShare(t, cfg).Client() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -1,9 +1,11 @@
 package kafka
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -13,7 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl"
 )
 
-// Defaults applied to zero fields of [Config].
+// Defaults applied to zero fields of the configs.
 const (
 	// DefaultCommitInterval is the shortest time between two periodic
 	// commits of settled offsets.
@@ -26,17 +28,44 @@ const (
 	DefaultDeadLetterSuffix = ".dlq"
 )
 
-// Config configures a [Source] and a [Sink]. The zero value of every field
-// but Brokers and Topic (and Group, for a source) means the documented
-// default.
-type Config struct {
+// ClientConfig is how a client reaches and authenticates to the brokers.
+// Each constructor's config embeds it: [SourceConfig], [ShareConfig],
+// [SinkConfig] and [TransactConfig]. The zero value of every field but
+// Brokers means the documented default.
+type ClientConfig struct {
 	// Brokers are the seed brokers, "host:port". Required.
 	Brokers []string
-	// Topic is the topic consumed by a source or written by a sink.
-	// Required.
+	// TLS, when non-nil, dials the brokers with TLS.
+	TLS *tls.Config
+	// SASL, when non-nil, authenticates with this mechanism (see
+	// github.com/twmb/franz-go/pkg/sasl/plain and .../scram).
+	SASL sasl.Mechanism
+	// ClientID is the Kafka client ID. Empty means "ackwise".
+	ClientID string
+	// Logger receives the adapter's logs and franz-go's. Nil discards them.
+	Logger *slog.Logger
+	// Options are extra franz-go options applied after the adapter's own;
+	// they can override them, except that the constructors refuse, with an
+	// error naming them: options turning off idempotent writes or acks=all
+	// (records, retry moves and dead letters are produced with both);
+	// options turning auto-commit on (kgo.AutoCommitMarks,
+	// kgo.GreedyAutoCommit: offsets are committed only for settled records,
+	// invariant 2); and, for a [Source], the options of a group's callbacks
+	// and commits (kgo.OnPartitionsAssigned, kgo.OnPartitionsRevoked,
+	// kgo.OnPartitionsLost, which would replace the source's own, which
+	// commit on revocation; kgo.DisableAutoCommit, kgo.AutoCommitCallback).
+	// A share group refuses auto-commit options and callbacks itself.
+	Options []kgo.Opt
+}
+
+// SourceConfig configures a [Source] (NewSource) and names the topics of
+// its chain ([CreateTopics]). The zero value of every field but Brokers,
+// Topic and Group means the documented default.
+type SourceConfig struct {
+	ClientConfig
+	// Topic is the topic consumed. Required.
 	Topic string
-	// Group is the consumer group of a source. Required for NewSource;
-	// ignored by NewSink.
+	// Group is the consumer group. Required.
 	Group string
 
 	// RetryTiers turns on non-blocking retry topics, one per tier (for
@@ -74,9 +103,7 @@ type Config struct {
 	// fetches the next batch while these are handled, and the memory is
 	// bounded by FetchMaxBytes. A PollBatch smaller than a fetch makes the
 	// client wait for the rest of the fetch to be taken before it fetches
-	// again. For a share source (NewShareSource) it is about how many
-	// records the broker hands over, and locks, per poll:
-	// DefaultSharePollBatch when zero.
+	// again.
 	PollBatch int
 	// FetchMaxBytes is the most bytes the client fetches from a broker in
 	// one request (franz-go's FetchMaxBytes): with the fetch being handled
@@ -99,21 +126,42 @@ type Config struct {
 	// there, which "latest" would skip.
 	StartOffset string
 
-	// TLS, when non-nil, dials the brokers with TLS.
-	TLS *tls.Config
-	// SASL, when non-nil, authenticates with this mechanism (see
-	// github.com/twmb/franz-go/pkg/sasl/plain and .../scram).
-	SASL sasl.Mechanism
-	// ClientID is the Kafka client ID. Empty means "ackwise".
-	ClientID string
-	// Logger receives the adapter's logs. Nil discards them.
-	Logger *slog.Logger
-	// Options are extra franz-go options applied after the adapter's own;
-	// they can override them (at the caller's risk: turning auto-commit back
-	// on breaks invariant 2), except that Options turning off idempotent
-	// writes or acks=all are refused (by NewSink and by the sources, whose
-	// retry moves and dead letters are produced with both).
-	Options []kgo.Opt
+	// testOptions are appended after Options without their check: tests
+	// wrap the source's partition callbacks with them.
+	testOptions []kgo.Opt
+}
+
+// ShareConfig configures a [ShareSource] (NewShareSource). The zero value
+// of every field but Brokers, Topic and Group means the documented default.
+type ShareConfig struct {
+	ClientConfig
+	// Topic is the topic consumed. Required.
+	Topic string
+	// Group is the share group. Required.
+	Group string
+	// DeadLetterTopic is where DeadLetter produces. Empty means Topic +
+	// DefaultDeadLetterSuffix (".dlq").
+	DeadLetterTopic string
+	// PollBatch is about how many records the broker hands over, and locks
+	// for this member, per poll. Zero means DefaultSharePollBatch.
+	PollBatch int
+	// FetchMaxBytes and FetchMaxPartitionBytes bound the client's fetches,
+	// as in SourceConfig. Zero means the client's defaults.
+	FetchMaxBytes          int32
+	FetchMaxPartitionBytes int32
+	// StartOffset is written to the group's share.auto.offset.reset when
+	// the source opens: "earliest" (the default) makes a new group start at
+	// the beginning of the topic (the broker's default for share groups is
+	// latest), "latest" at its end.
+	StartOffset string
+}
+
+// SinkConfig configures a [Sink] (NewSink). The zero value of every field
+// but Brokers and Topic means the documented default.
+type SinkConfig struct {
+	ClientConfig
+	// Topic is the topic written. Required.
+	Topic string
 }
 
 // DefaultRetryTopic names a retry topic "<topic>.retry.<tier>", the tier
@@ -148,29 +196,31 @@ func FormatTier(d time.Duration) string {
 	return b.String()
 }
 
+// withDefaults returns c with defaults applied.
+func (c ClientConfig) withDefaults() ClientConfig {
+	if c.ClientID == "" {
+		c.ClientID = "ackwise"
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
 // withDefaults returns c with defaults applied and tiers sorted.
-func (c Config) withDefaults() Config {
+func (c SourceConfig) withDefaults() SourceConfig {
+	c.ClientConfig = c.ClientConfig.withDefaults()
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
 	}
 	if c.RevokeTimeout == 0 {
 		c.RevokeTimeout = DefaultRevokeTimeout
 	}
-	if c.DeadLetterTopic == "" && c.Topic != "" {
-		c.DeadLetterTopic = c.Topic + DefaultDeadLetterSuffix
-	}
+	c.DeadLetterTopic = deadLetterTopic(c.Topic, c.DeadLetterTopic)
 	if c.RetryTopic == nil {
 		c.RetryTopic = DefaultRetryTopic
 	}
-	if c.ClientID == "" {
-		c.ClientID = "ackwise"
-	}
-	if c.StartOffset == "" {
-		c.StartOffset = "earliest"
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
+	c.StartOffset = startOffset(c.StartOffset)
 	if len(c.RetryTiers) > 0 {
 		t := append([]time.Duration(nil), c.RetryTiers...)
 		sort.Slice(t, func(i, j int) bool { return t[i] < t[j] })
@@ -179,97 +229,185 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// validate reports the first bad field of a defaulted config, naming it and
-// its value.
-func (c Config) validate(source bool) error {
+// withDefaults returns c with defaults applied.
+func (c ShareConfig) withDefaults() ShareConfig {
+	c.ClientConfig = c.ClientConfig.withDefaults()
+	c.DeadLetterTopic = deadLetterTopic(c.Topic, c.DeadLetterTopic)
+	c.StartOffset = startOffset(c.StartOffset)
+	return c
+}
+
+// deadLetterTopic is dlq, or topic's default dead-letter topic.
+func deadLetterTopic(topic, dlq string) string {
+	if dlq == "" && topic != "" {
+		return topic + DefaultDeadLetterSuffix
+	}
+	return dlq
+}
+
+// startOffset is v, or "earliest".
+func startOffset(v string) string {
+	if v == "" {
+		return "earliest"
+	}
+	return v
+}
+
+// validate reports the first bad field of a defaulted ClientConfig embedded
+// in the config named cfg, and of that config's Topic.
+func (c ClientConfig) validate(cfg, topic string) error {
 	if len(c.Brokers) == 0 {
-		return fmt.Errorf("kafka: Config.Brokers is empty: need at least one host:port")
+		return fmt.Errorf("kafka: %s.Brokers is empty: need at least one host:port", cfg)
 	}
 	for i, b := range c.Brokers {
 		if b == "" || strings.ContainsAny(b, " /,") {
-			return fmt.Errorf("kafka: Config.Brokers[%d] = %q: want host:port", i, b)
+			return fmt.Errorf("kafka: %s.Brokers[%d] = %q: want host:port", cfg, i, b)
 		}
 	}
-	if err := validTopic("Topic", c.Topic); err != nil {
+	return validTopic(cfg+".Topic", topic)
+}
+
+// consumeFields are what a consuming config (SourceConfig, ShareConfig,
+// TransactConfig) says about the group and its fetches.
+type consumeFields struct {
+	cfg                    string // the config's type name, for errors
+	client                 ClientConfig
+	topic, group, start    string
+	pollBatch              int
+	fetchMax, fetchMaxPart int32
+}
+
+// validate reports the first bad field of defaulted consumeFields.
+func (m consumeFields) validate() error {
+	if err := m.client.validate(m.cfg, m.topic); err != nil {
 		return err
 	}
-	if !source {
-		return nil
+	if m.group == "" {
+		return fmt.Errorf("kafka: %s.Group is empty: a consumer needs a group", m.cfg)
 	}
-	if c.Group == "" {
-		return fmt.Errorf("kafka: Config.Group is empty: a source needs a consumer group")
+	if m.pollBatch < 0 {
+		return fmt.Errorf("kafka: %s.PollBatch = %d: must be positive, or 0 for the default", m.cfg, m.pollBatch)
+	}
+	if m.fetchMax < 0 {
+		return fmt.Errorf("kafka: %s.FetchMaxBytes = %d: must be positive, or 0 for the client's default", m.cfg, m.fetchMax)
+	}
+	if m.fetchMaxPart < 0 {
+		return fmt.Errorf("kafka: %s.FetchMaxPartitionBytes = %d: must be positive, or 0 for the client's default", m.cfg, m.fetchMaxPart)
+	}
+	if m.start != "earliest" && m.start != "latest" {
+		return fmt.Errorf("kafka: %s.StartOffset = %q: want \"earliest\" or \"latest\"", m.cfg, m.start)
+	}
+	return nil
+}
+
+// opts are the client options of a consumer: the client's, the fetch limits
+// and read_committed isolation.
+func (m consumeFields) opts() []kgo.Opt {
+	opts := m.client.opts()
+	if m.fetchMax > 0 {
+		opts = append(opts, kgo.FetchMaxBytes(m.fetchMax))
+	}
+	if m.fetchMaxPart > 0 {
+		opts = append(opts, kgo.FetchMaxPartitionBytes(m.fetchMaxPart))
+	}
+	return append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
+}
+
+func (c SourceConfig) consume() consumeFields {
+	return consumeFields{"SourceConfig", c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
+}
+
+func (c ShareConfig) consume() consumeFields {
+	return consumeFields{"ShareConfig", c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
+}
+
+// validate reports the first bad field of a defaulted config, naming it and
+// its value.
+func (c SourceConfig) validate() error {
+	if err := c.consume().validate(); err != nil {
+		return err
 	}
 	if c.CommitInterval < 0 {
-		return fmt.Errorf("kafka: Config.CommitInterval = %v: must not be negative", c.CommitInterval)
+		return fmt.Errorf("kafka: SourceConfig.CommitInterval = %v: must not be negative", c.CommitInterval)
 	}
 	if c.RevokeTimeout < -1 {
-		return fmt.Errorf("kafka: Config.RevokeTimeout = %v: must be positive, 0 (default) or -1 (no wait)", c.RevokeTimeout)
-	}
-	if c.PollBatch < 0 {
-		return fmt.Errorf("kafka: Config.PollBatch = %d: must be positive, or 0 to take whole fetches", c.PollBatch)
-	}
-	if c.FetchMaxBytes < 0 {
-		return fmt.Errorf("kafka: Config.FetchMaxBytes = %d: must be positive, or 0 for the client's default", c.FetchMaxBytes)
-	}
-	if c.FetchMaxPartitionBytes < 0 {
-		return fmt.Errorf("kafka: Config.FetchMaxPartitionBytes = %d: must be positive, or 0 for the client's default", c.FetchMaxPartitionBytes)
-	}
-	if c.StartOffset != "earliest" && c.StartOffset != "latest" {
-		return fmt.Errorf("kafka: Config.StartOffset = %q: want \"earliest\" or \"latest\"", c.StartOffset)
+		return fmt.Errorf("kafka: SourceConfig.RevokeTimeout = %v: must be positive, 0 (default) or -1 (no wait)", c.RevokeTimeout)
 	}
 	return c.validateChain()
 }
 
-// validateChain checks the topics of the chain besides Topic: the
-// dead-letter topic and the retry tiers and their topics.
-func (c Config) validateChain() error {
-	if err := validTopic("DeadLetterTopic", c.DeadLetterTopic); err != nil {
+// validate reports the first bad field of a defaulted config, naming it and
+// its value.
+func (c ShareConfig) validate() error {
+	if err := c.consume().validate(); err != nil {
 		return err
 	}
-	// Kafka refuses a topic whose name differs from another's only in '.'
-	// against '_' (their metric names collide): compare names that way.
-	norm := func(t string) string { return strings.ReplaceAll(t, ".", "_") }
-	if norm(c.DeadLetterTopic) == norm(c.Topic) {
-		return fmt.Errorf("kafka: Config.DeadLetterTopic = %q: must differ from Topic %q (also in '.' against '_')", c.DeadLetterTopic, c.Topic)
+	_, err := validDeadLetter("ShareConfig", c.Topic, c.DeadLetterTopic)
+	return err
+}
+
+// validDeadLetter checks the dead-letter topic dlq of topic, and returns
+// the names taken by the two, for checking further topics against.
+func validDeadLetter(cfg, topic, dlq string) (map[string]bool, error) {
+	if err := validTopic(cfg+".DeadLetterTopic", dlq); err != nil {
+		return nil, err
 	}
-	seen := map[string]bool{norm(c.Topic): true, norm(c.DeadLetterTopic): true}
+	if norm(dlq) == norm(topic) {
+		return nil, fmt.Errorf("kafka: %s.DeadLetterTopic = %q: must differ from Topic %q (also in '.' against '_')", cfg, dlq, topic)
+	}
+	return map[string]bool{norm(topic): true, norm(dlq): true}, nil
+}
+
+// norm is a topic name as Kafka compares names for collisions: a name
+// differing from another's only in '.' against '_' is refused (their metric
+// names collide).
+func norm(t string) string { return strings.ReplaceAll(t, ".", "_") }
+
+// validateChain checks the topics of the chain besides Topic: the
+// dead-letter topic and the retry tiers and their topics.
+func (c SourceConfig) validateChain() error {
+	seen, err := validDeadLetter("SourceConfig", c.Topic, c.DeadLetterTopic)
+	if err != nil {
+		return err
+	}
 	for i, t := range c.RetryTiers {
 		if t <= 0 {
-			return fmt.Errorf("kafka: Config.RetryTiers has %v: tiers must be positive", t)
+			return fmt.Errorf("kafka: SourceConfig.RetryTiers has %v: tiers must be positive", t)
 		}
 		if i > 0 && c.RetryTiers[i-1] == t {
-			return fmt.Errorf("kafka: Config.RetryTiers has %v twice", t)
+			return fmt.Errorf("kafka: SourceConfig.RetryTiers has %v twice", t)
 		}
 		name := c.RetryTopic(c.Topic, t)
-		if err := validTopic(fmt.Sprintf("RetryTopic(%q, %v)", c.Topic, t), name); err != nil {
+		if err := validTopic(fmt.Sprintf("SourceConfig.RetryTopic(%q, %v)", c.Topic, t), name); err != nil {
 			return err
 		}
 		if seen[norm(name)] {
-			return fmt.Errorf("kafka: Config.RetryTopic(%q, %v) = %q: collides with another topic of the chain (also in '.' against '_')", c.Topic, t, name)
+			return fmt.Errorf("kafka: SourceConfig.RetryTopic(%q, %v) = %q: collides with another topic of the chain (also in '.' against '_')", c.Topic, t, name)
 		}
 		seen[norm(name)] = true
 	}
 	return nil
 }
 
-// validTopic applies Kafka's topic name rules.
+// validTopic applies Kafka's topic name rules to the field named field
+// (type and field: "SinkConfig.Topic").
 func validTopic(field, t string) error {
 	if t == "" {
-		return fmt.Errorf("kafka: Config.%s is empty", field)
+		return fmt.Errorf("kafka: %s is empty", field)
 	}
 	if len(t) > 249 || t == "." || t == ".." {
-		return fmt.Errorf("kafka: Config.%s = %q: not a valid Kafka topic name", field, t)
+		return fmt.Errorf("kafka: %s = %q: not a valid Kafka topic name", field, t)
 	}
 	for _, r := range t {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
-			return fmt.Errorf("kafka: Config.%s = %q: Kafka topic names use only [a-zA-Z0-9._-]", field, t)
+			return fmt.Errorf("kafka: %s = %q: Kafka topic names use only [a-zA-Z0-9._-]", field, t)
 		}
 	}
 	return nil
 }
 
 // retryTopics returns the retry topic of each tier, in tier order.
-func (c Config) retryTopics() []string {
+func (c SourceConfig) retryTopics() []string {
 	out := make([]string, len(c.RetryTiers))
 	for i, t := range c.RetryTiers {
 		out[i] = c.RetryTopic(c.Topic, t)
@@ -280,20 +418,21 @@ func (c Config) retryTopics() []string {
 // Topics returns every topic of the chain a source with this config uses:
 // the topic, its retry topics in tier order, and the dead-letter topic. Use
 // it to create them (see [CreateTopics]).
-func (c Config) Topics() []string {
+func (c SourceConfig) Topics() []string {
 	d := c.withDefaults()
 	out := []string{d.Topic}
 	out = append(out, d.retryTopics()...)
 	return append(out, d.DeadLetterTopic)
 }
 
-// clientOpts are the options shared by sources and sinks.
-func (c Config) clientOpts() []kgo.Opt {
+// opts are the options every client of the adapter starts with; Options
+// come after the constructor's own.
+func (c ClientConfig) opts() []kgo.Opt {
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(c.Brokers...),
 		kgo.ClientID(c.ClientID),
 		// acks=all with idempotent writes: franz-go's default, stated
-		// here; NewSink refuses Options that weaken either.
+		// here; refused in Options that weaken either (weakerProduce).
 		kgo.RequiredAcks(kgo.AllISRAcks()),
 		kgo.WithLogger(slogAdapter{c.Logger}),
 	}
@@ -303,11 +442,48 @@ func (c Config) clientOpts() []kgo.Opt {
 	if c.SASL != nil {
 		opts = append(opts, kgo.SASL(c.SASL))
 	}
-	if c.FetchMaxBytes > 0 {
-		opts = append(opts, kgo.FetchMaxBytes(c.FetchMaxBytes))
-	}
-	if c.FetchMaxPartitionBytes > 0 {
-		opts = append(opts, kgo.FetchMaxPartitionBytes(c.FetchMaxPartitionBytes))
-	}
 	return opts
+}
+
+// refuseCommitOptions reports options among opts (the Options of the
+// config named cfg) that would break invariant 2 of a group consumer:
+// auto-commit turned on, and, when owned (a Source), any option of the
+// group's partition callbacks or commits, which the source owns: a
+// callback would replace the source's own, which commit settled offsets on
+// revocation. It reads them from clients made of opts, which never reach a
+// broker (their context is cancelled) and are closed at once.
+func refuseCommitOptions(cfg string, opts []kgo.Opt, owned bool) error {
+	if len(opts) == 0 {
+		return nil
+	}
+	dead, cancel := context.WithCancel(context.Background())
+	cancel()
+	probe := func(extra ...kgo.Opt) error {
+		cl, err := kgo.NewClient(append(append(slices.Clip(opts), extra...), kgo.WithContext(dead))...)
+		if err != nil {
+			return err
+		}
+		defer cl.Close()
+		for _, o := range []struct {
+			opt  any
+			name string
+		}{{kgo.AutoCommitMarks, "kgo.AutoCommitMarks"}, {kgo.GreedyAutoCommit, "kgo.GreedyAutoCommit"}} {
+			if on, _ := cl.OptValue(o.opt).(bool); on {
+				return fmt.Errorf("turn auto-commit on (%s): offsets are committed only for settled records (invariant 2), by the adapter", o.name)
+			}
+		}
+		return nil
+	}
+	if err := probe(kgo.ConsumerGroup("ackwise-options-check")); err != nil {
+		return fmt.Errorf("kafka: %s.Options %w", cfg, err)
+	}
+	if !owned {
+		return nil
+	}
+	// Without a group, franz-go refuses the options of a group's callbacks
+	// and commits.
+	if err := probe(); err != nil {
+		return fmt.Errorf("kafka: %s.Options set what the source owns (partition callbacks, which commit settled offsets on revocation; commit settings): %w", cfg, err)
+	}
+	return nil
 }

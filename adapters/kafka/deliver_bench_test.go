@@ -17,7 +17,7 @@ import (
 func BenchmarkDeliverAck(b *testing.B) {
 	const batch = 4096
 	// PollBatch set: there is no client to read ahead from.
-	s := &Source{cfg: Config{PollBatch: batch}, parts: map[topicPartition]*partition{}, kick: make(chan struct{}, 1)}
+	s := &Source{cfg: SourceConfig{PollBatch: batch}, parts: map[topicPartition]*partition{}, kick: make(chan struct{}, 1)}
 	p := newPartition("orders-abcdef", 3, false)
 	p.own.Store(ownOwned)
 	s.parts[topicPartition{"orders-abcdef", 3}] = p

@@ -19,19 +19,19 @@
 // records that were not settled. The set is bounded to fit Kafka's default
 // metadata limit; past it, more records replay, none is lost.
 //
-// Commits happen at most once per [Config.CommitInterval] while something was
+// Commits happen at most once per [SourceConfig.CommitInterval] while something was
 // settled, synchronously when partitions are revoked (before they are
 // released to another member), and on Close. The source reads with
 // read_committed isolation: records of aborted transactions are never
 // delivered.
 //
 // Receive takes everything the client has fetched at once (at most
-// [Config.PollBatch] records when set), so that franz-go fetches the next
+// [SourceConfig.PollBatch] records when set), so that franz-go fetches the next
 // batch while these are handled, and hands them out len(buf) at a time;
 // records of a partition revoked meanwhile are dropped. It takes the next
 // fetch as soon as the client has it, while the last is still being handed
 // out: the records held are bounded by about three times
-// [Config.FetchMaxBytes] per broker, in bytes as fetched (compressed
+// [SourceConfig.FetchMaxBytes] per broker, in bytes as fetched (compressed
 // batches take their uncompressed size). A delivered message's Payload is
 // not copied: while its handler runs it keeps the fetch it came from alive
 // (its record batch, when compressed). The engine has a message that starts
@@ -52,7 +52,7 @@
 // and a later settle returns an error wrapping [adapters.ErrReceiptInvalid];
 // records of a revoked partition that were fetched but not yet delivered are
 // dropped, never handed out. On revocation the source first waits up to
-// [Config.RevokeTimeout] for handlers already running on the partition to
+// [SourceConfig.RevokeTimeout] for handlers already running on the partition to
 // settle, so that their work is committed rather than repeated by the next
 // owner; records waiting in the engine (a retry in place, a failed move
 // tried again, a record held by the open breaker) are handed back at once
@@ -65,7 +65,7 @@
 //
 // Each source picks one of two retry modes:
 //
-//   - Blocking (no [Config.RetryTiers], the default): Capabilities.Delay is
+//   - Blocking (no [SourceConfig.RetryTiers], the default): Capabilities.Delay is
 //     false and the consumer engine retries a failed record in place. Order
 //     per key is kept; the key waits.
 //   - Non-blocking retry topics (Uber's and Spring Kafka's pattern): with
@@ -78,9 +78,9 @@
 //     retry topics whenever RetryTiers are set; consumer.RetryInPlace keeps
 //     retries in place, and per-key order, with them.
 //
-// Retry topics are named by [Config.RetryTopic], by default
+// Retry topics are named by [SourceConfig.RetryTopic], by default
 // [DefaultRetryTopic]: "<topic>.retry.<tier>", for example orders.retry.1m
-// and orders.retry.10m; dead letters go to [Config.DeadLetterTopic], by
+// and orders.retry.10m; dead letters go to [SourceConfig.DeadLetterTopic], by
 // default "<topic>.dlq". The same source consumes the main topic and all its
 // retry topics in the same group, so one Source runs the whole chain. A hop
 // carries the headers ackwise-attempt (incremented per hop),
@@ -130,7 +130,8 @@
 // # Sink
 //
 // [NewSink] publishes with acks=all and idempotent writes (franz-go's
-// defaults; NewSink refuses Config.Options that turn either off), partitions
+// defaults; NewSink and the sources refuse Options that turn either off),
+// partitions
 // by key, sets ackwise-event-id from Message.ID, and reports produce errors
 // per record in an [adapters.PublishError] (those retrying cannot cure, such
 // as a record too large, marked ackwise.Permanent; NewSink batches under

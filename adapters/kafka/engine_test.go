@@ -93,7 +93,7 @@ type member struct {
 // tests: several workers, and a drain that waits for them.
 var memberConfig = consumer.Config{Concurrency: 8, DrainTimeout: 5 * time.Second}
 
-func startMember(t *testing.T, cfg Config, h ackwise.Handler, late *atomic.Int64, ccfg consumer.Config) *member {
+func startMember(t *testing.T, cfg SourceConfig, h ackwise.Handler, late *atomic.Int64, ccfg consumer.Config) *member {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	src, err := NewSource(ctx, cfg)

@@ -22,18 +22,19 @@ func Example() {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	cfg := kafka.Config{
-		Brokers:    cluster.ListenAddrs(),
-		Topic:      "orders",
-		Group:      "billing",
-		RetryTiers: []time.Duration{time.Minute, 10 * time.Minute},
+	client := kafka.ClientConfig{Brokers: cluster.ListenAddrs()}
+	cfg := kafka.SourceConfig{
+		ClientConfig: client,
+		Topic:        "orders",
+		Group:        "billing",
+		RetryTiers:   []time.Duration{time.Minute, 10 * time.Minute},
 	}
 	fmt.Println(cfg.Topics())
 	if err := kafka.CreateTopics(ctx, cfg, 3, 1); err != nil {
 		panic(err)
 	}
 
-	sink, err := kafka.NewSink(ctx, cfg)
+	sink, err := kafka.NewSink(ctx, kafka.SinkConfig{ClientConfig: client, Topic: "orders"})
 	if err != nil {
 		panic(err)
 	}

@@ -35,10 +35,10 @@ func TestReceiveReturnsFatalFetchError(t *testing.T) {
 }
 
 // unreadableTopic starts a kfake broker with ACLs and a topic holding one
-// record, and returns a Config (with a group) for a user who may join the
+// record, and returns a SourceConfig (with a group) for a user who may join the
 // group, describe the topic and use a transactional ID, but not read the
 // topic.
-func unreadableTopic(ctx context.Context, t *testing.T) Config {
+func unreadableTopic(ctx context.Context, t *testing.T) SourceConfig {
 	t.Helper()
 	any := func(rt kmsg.ACLResourceType, op kmsg.ACLOperation) kfake.ACL {
 		return kfake.ACL{Resource: rt, Name: "*", Pattern: kmsg.ACLResourcePatternTypeLiteral, Operation: op, Allow: true}
@@ -54,7 +54,7 @@ func unreadableTopic(ctx context.Context, t *testing.T) Config {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
-	admin := Config{Brokers: c.ListenAddrs(), Topic: uniq("t"), SASL: plain.Auth{User: "admin", Pass: "admin-pw"}.AsMechanism()}
+	admin := SourceConfig{ClientConfig: ClientConfig{Brokers: c.ListenAddrs(), SASL: plain.Auth{User: "admin", Pass: "admin-pw"}.AsMechanism()}, Topic: uniq("t")}
 	if err := CreateTopics(ctx, admin, 1, 1); err != nil {
 		t.Fatal(err)
 	}

@@ -10,10 +10,10 @@ import (
 	"github.com/ackwise/ackwise"
 )
 
-// TestFetchMaxBytesReachesClient: Config.FetchMaxBytes is documented
+// TestFetchMaxBytesReachesClient: SourceConfig.FetchMaxBytes is documented
 // to bound the records the source holds (it is franz-go's FetchMaxBytes), but
 // it must be passed to the client to do so; so must
-// Config.FetchMaxPartitionBytes.
+// SourceConfig.FetchMaxPartitionBytes.
 func TestFetchMaxBytesReachesClient(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
@@ -22,16 +22,16 @@ func TestFetchMaxBytesReachesClient(t *testing.T) {
 	cfg.FetchMaxPartitionBytes = 16 << 10
 	src := openSource(t, cfg)
 	if got, _ := src.Client().OptValue(kgo.FetchMaxBytes).(int32); got != cfg.FetchMaxBytes {
-		t.Fatalf("client FetchMaxBytes = %d, want Config.FetchMaxBytes %d", got, cfg.FetchMaxBytes)
+		t.Fatalf("client FetchMaxBytes = %d, want SourceConfig.FetchMaxBytes %d", got, cfg.FetchMaxBytes)
 	}
 	if got, _ := src.Client().OptValue(kgo.FetchMaxPartitionBytes).(int32); got != cfg.FetchMaxPartitionBytes {
-		t.Fatalf("client FetchMaxPartitionBytes = %d, want Config.FetchMaxPartitionBytes %d", got, cfg.FetchMaxPartitionBytes)
+		t.Fatalf("client FetchMaxPartitionBytes = %d, want SourceConfig.FetchMaxPartitionBytes %d", got, cfg.FetchMaxPartitionBytes)
 	}
 }
 
 // TestShareSourceBoundsPoll: every record a share source polls is locked to
 // it until settled (and accepted if the client polls again first), so a poll
-// takes at most Config.PollBatch records, DefaultSharePollBatch when 0, and
+// takes at most ShareConfig.PollBatch records, DefaultSharePollBatch when 0, and
 // the client fetches only when the source polls (MaxConcurrentFetches 0),
 // so that records do not wait in its buffer, locked with nobody renewing
 // them. (franz-go can still grant one fetch while a poll returns, which is

@@ -130,7 +130,9 @@ func FuzzParseURL(f *testing.F) {
 		if err != nil {
 			return // adapters.Open refuses it without showing it
 		}
-		for _, parse := range []func(*url.URL) (Config, error){ParseURL, ParseSinkURL} {
+		parseSink := func(u *url.URL) (any, error) { return ParseSinkURL(u) }
+		parseSource := func(u *url.URL) (any, error) { return ParseURL(u) }
+		for _, parse := range []func(*url.URL) (any, error){parseSource, parseSink} {
 			_, err := parse(u)
 			if err == nil {
 				continue

@@ -40,10 +40,10 @@ func uniq(prefix string) string {
 }
 
 // testConfig returns a config on fresh topics, created on the cluster.
-func testConfig(t testing.TB, brokers []string, partitions int32, tiers ...time.Duration) Config {
+func testConfig(t testing.TB, brokers []string, partitions int32, tiers ...time.Duration) SourceConfig {
 	t.Helper()
 	topic := uniq("t")
-	cfg := Config{Brokers: brokers, Topic: topic, Group: topic + "-g", RetryTiers: tiers, CommitInterval: 20 * time.Millisecond}
+	cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers}, Topic: topic, Group: topic + "-g", RetryTiers: tiers, CommitInterval: 20 * time.Millisecond}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := CreateTopics(ctx, cfg, partitions, 1); err != nil {
@@ -52,7 +52,7 @@ func testConfig(t testing.TB, brokers []string, partitions int32, tiers ...time.
 	return cfg
 }
 
-func openSource(t testing.TB, cfg Config) *Source {
+func openSource(t testing.TB, cfg SourceConfig) *Source {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -64,11 +64,29 @@ func openSource(t testing.TB, cfg Config) *Source {
 	return s
 }
 
-func openSink(t testing.TB, cfg Config) *Sink {
+// sinkOf, shareOf and txnOf are the configs of a sink, a share source and a
+// transact session on the topic (and the group) of a source's cfg, with
+// its client settings.
+func sinkOf(cfg SourceConfig) SinkConfig {
+	return SinkConfig{ClientConfig: cfg.ClientConfig, Topic: cfg.Topic}
+}
+
+func shareOf(cfg SourceConfig) ShareConfig {
+	return ShareConfig{ClientConfig: cfg.ClientConfig, Topic: cfg.Topic, Group: cfg.Group, DeadLetterTopic: cfg.DeadLetterTopic,
+		PollBatch: cfg.PollBatch, FetchMaxBytes: cfg.FetchMaxBytes, FetchMaxPartitionBytes: cfg.FetchMaxPartitionBytes, StartOffset: cfg.StartOffset}
+}
+
+func txnOf(cfg SourceConfig) TransactConfig {
+	return TransactConfig{ClientConfig: cfg.ClientConfig, Topic: cfg.Topic, Group: cfg.Group, TransactionalID: cfg.Topic + "-tx",
+		PollBatch: cfg.PollBatch, FetchMaxBytes: cfg.FetchMaxBytes, FetchMaxPartitionBytes: cfg.FetchMaxPartitionBytes, StartOffset: cfg.StartOffset}
+}
+
+// openSink opens a sink on cfg's topic.
+func openSink(t testing.TB, cfg SourceConfig) *Sink {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := NewSink(ctx, cfg)
+	s, err := NewSink(ctx, sinkOf(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,8 +80,7 @@ func runKfakeChild() int {
 // "READY" and waits to be killed.
 func runCrashConsumerChild() int {
 	n, _ := strconv.Atoi(os.Getenv("CRASH_N"))
-	cfg := Config{Brokers: strings.Split(os.Getenv("CRASH_BROKERS"), ","), Topic: os.Getenv("CRASH_TOPIC"), Group: os.Getenv("CRASH_GROUP"), CommitInterval: 10 * time.Millisecond,
-		Options: []kgo.Opt{kgo.SessionTimeout(2 * time.Second), kgo.HeartbeatInterval(100 * time.Millisecond)}}
+	cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: strings.Split(os.Getenv("CRASH_BROKERS"), ","), Options: []kgo.Opt{kgo.SessionTimeout(2 * time.Second), kgo.HeartbeatInterval(100 * time.Millisecond)}}, Topic: os.Getenv("CRASH_TOPIC"), Group: os.Getenv("CRASH_GROUP"), CommitInterval: 10 * time.Millisecond}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	src, err := NewSource(ctx, cfg)

@@ -34,13 +34,13 @@ func TestSourceRefusesMissingRetryTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	retryTopic, deadTopic := DefaultRetryTopic(topic, time.Second), topic+DefaultDeadLetterSuffix
-	cfg := Config{Brokers: brokers, Topic: topic, Group: topic + "-g", RetryTiers: []time.Duration{time.Second}}
+	cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers}, Topic: topic, Group: topic + "-g", RetryTiers: []time.Duration{time.Second}}
 	if _, err := NewSource(ctx, cfg); err == nil || !strings.Contains(err.Error(), "do not exist") || !strings.Contains(err.Error(), retryTopic) {
 		t.Fatalf("NewSource without %s: %v, want an error naming it", retryTopic, err)
 	}
 	// Without tiers only the dead-letter topic is missing: logged.
 	logs := &lockedBuffer{}
-	plain := Config{Brokers: brokers, Topic: topic, Group: topic + "-p", Logger: slog.New(slog.NewTextHandler(logs, nil))}
+	plain := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers, Logger: slog.New(slog.NewTextHandler(logs, nil))}, Topic: topic, Group: topic + "-p"}
 	openSource(t, plain)
 	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), deadTopic) {
 		t.Fatalf("no error logged for the missing dead-letter topic %s: %q", deadTopic, logs.String())

@@ -114,7 +114,7 @@ func (b badOutcomes) awaitFailedTries(t *testing.T, n int) {
 // chain refused while refusing holds.
 type outage struct {
 	brokers  []string
-	cfg      Config
+	cfg      SourceConfig
 	src      *Source
 	log      badOutcomes
 	refusing atomic.Bool
@@ -127,14 +127,14 @@ type outage struct {
 	changed chan struct{}    // a record was handled
 }
 
-func newOutage(t *testing.T, refuse func(cfg Config) string, tiers ...time.Duration) *outage {
+func newOutage(t *testing.T, refuse func(cfg SourceConfig) string, tiers ...time.Duration) *outage {
 	t.Helper()
 	return newOutageWith(t, nil, refuse, tiers...)
 }
 
-// newOutageWith is newOutage with opts as the source's client options
-// (Config.Options).
-func newOutageWith(t *testing.T, opts []kgo.Opt, refuse func(cfg Config) string, tiers ...time.Duration) *outage {
+// newOutageWith is newOutage with opts as the source's client options,
+// unchecked (SourceConfig.testOptions: they may wrap its callbacks).
+func newOutageWith(t *testing.T, opts []kgo.Opt, refuse func(cfg SourceConfig) string, tiers ...time.Duration) *outage {
 	t.Helper()
 	c := newKfake(t)
 	o := &outage{brokers: c.ListenAddrs(), handled: map[string]int{}, ends: map[int32]int64{}, changed: make(chan struct{}, 1), attempt: map[string][]int{}}
@@ -153,7 +153,7 @@ func newOutageWith(t *testing.T, opts []kgo.Opt, refuse func(cfg Config) string,
 		t.Fatal(err)
 	}
 	srcCfg := o.cfg
-	srcCfg.Options = opts
+	srcCfg.testOptions = opts
 	o.src = openSource(t, srcCfg)
 	o.log = badOutcomes{o.src, make(chan badOutcome, 256)}
 	o.refusing.Store(true)
@@ -283,7 +283,7 @@ func (o *outage) badFailsPermanently() ackwise.Handler {
 // dead-lettered once and the commit passes it.
 func TestDeadLetterOutageHoldsOnlyItsRecord(t *testing.T) {
 	t.Parallel()
-	o := newOutage(t, func(cfg Config) string { return cfg.Topics()[1] })
+	o := newOutage(t, func(cfg SourceConfig) string { return cfg.Topics()[1] })
 	h := o.badFailsPermanently()
 	o.runTimed(t, h, consumer.Config{Concurrency: 4})
 	o.log.awaitFailedTries(t, 2)
@@ -313,7 +313,7 @@ func TestDeadLetterOutageHoldsOnlyItsRecord(t *testing.T) {
 // topic for its second run.
 func TestRetryTopicOutageHoldsOnlyItsRecord(t *testing.T) {
 	t.Parallel()
-	o := newOutage(t, func(cfg Config) string { return cfg.Topics()[1] }, 50*time.Millisecond)
+	o := newOutage(t, func(cfg SourceConfig) string { return cfg.Topics()[1] }, 50*time.Millisecond)
 	h := ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
 		o.handle(m)
 		if m.ID == "bad" && m.Attempt == 1 {
@@ -356,7 +356,7 @@ func TestRetryTopicOutageHoldsOnlyItsRecord(t *testing.T) {
 // fails after a generous wait, then lets the clock move so that Run ends).
 func TestStopWhileMoveWaitsGroup(t *testing.T) {
 	t.Parallel()
-	o := newOutage(t, func(cfg Config) string { return cfg.Topics()[1] })
+	o := newOutage(t, func(cfg SourceConfig) string { return cfg.Topics()[1] })
 	h := o.badFailsPermanently()
 	clock := memory.NewVirtualClock(time.Time{})
 	stop := o.runTimed(t, h, consumer.Config{Concurrency: 4, DrainTimeout: time.Minute, Clock: clock})

@@ -96,12 +96,12 @@ func TestRedriveIntoAFailingConsumerEnds(t *testing.T) {
 		t.Helper()
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		defer cancel()
-		from, err := NewSource(rctx, Config{Brokers: brokers, Topic: dead, Group: group, CommitInterval: 20 * time.Millisecond})
+		from, err := NewSource(rctx, SourceConfig{ClientConfig: ClientConfig{Brokers: brokers}, Topic: dead, Group: group, CommitInterval: 20 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer from.Close()
-		to := openSink(t, Config{Brokers: brokers, Topic: cfg.Topic})
+		to := openSink(t, SourceConfig{ClientConfig: ClientConfig{Brokers: brokers}, Topic: cfg.Topic})
 		defer to.Close()
 		res, moved, limited := adaptertest.RedriveRun(rctx, t, from, to, opts)
 		if err := from.Close(); err != nil {

@@ -37,7 +37,7 @@ func TestRevokeWhileBreakerHolds(t *testing.T) {
 	revoked := make(chan time.Duration, 1)
 	cfgA := cfg
 	// The wrapper times A's revokes (the first with partitions to revoke).
-	cfgA.Options = append(slices.Clone(cfg.Options), kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, r map[string][]int32) {
+	cfgA.testOptions = append(slices.Clone(cfg.testOptions), kgo.OnPartitionsRevoked(func(ctx context.Context, cl *kgo.Client, r map[string][]int32) {
 		s := srcA.Load()
 		if s == nil {
 			return // before A's first assignment: nothing to revoke

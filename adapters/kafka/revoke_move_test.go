@@ -34,7 +34,7 @@ func TestRevokeWhileMoveWaits(t *testing.T) {
 			o.src.onRevoked(ctx, cl, r)
 			revoked <- time.Since(start)
 		}))
-	o = newOutageWith(t, opts, func(cfg Config) string { return cfg.Topics()[1] })
+	o = newOutageWith(t, opts, func(cfg SourceConfig) string { return cfg.Topics()[1] })
 	o.runTimed(t, o.badFailsPermanently(), consumer.Config{Concurrency: 4, Clock: memory.NewVirtualClock(time.Time{})})
 	o.log.awaitFailedTries(t, 1) // the next try waits on the virtual clock
 	o.awaitOthers(t)

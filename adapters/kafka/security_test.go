@@ -126,10 +126,10 @@ func TestURLPassesTLSAndSASL(t *testing.T) {
 	}
 }
 
-func parseURLString(raw string) (Config, error) {
+func parseURLString(raw string) (SourceConfig, error) {
 	u, err := parseRaw(raw)
 	if err != nil {
-		return Config{}, err
+		return SourceConfig{}, err
 	}
 	return ParseURL(u)
 }

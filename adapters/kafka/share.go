@@ -42,7 +42,7 @@ const DefaultShareLease = 30 * time.Second
 // engine receives it. So that no lock runs out on a record waiting in the
 // source (the broker would count a delivery that no handler saw, and archive
 // the record at its delivery limit), the client fetches only when Receive
-// polls, about Config.PollBatch records (DefaultSharePollBatch when 0; the
+// polls, about ShareConfig.PollBatch records (DefaultSharePollBatch when 0; the
 // broker may return a little more rather than split a batch), and the
 // source renews the locks of the records it holds back every sixth of the
 // lease until it hands them out; from then on the engine's heartbeat renews
@@ -70,7 +70,7 @@ const DefaultShareLease = 30 * time.Second
 // Receive must be called from one goroutine at a time; the settle methods
 // may be called concurrently.
 type ShareSource struct {
-	cfg    Config
+	cfg    ShareConfig
 	cl     *kgo.Client
 	log    *slog.Logger
 	lease  time.Duration
@@ -107,7 +107,7 @@ type ShareSource struct {
 }
 
 // DefaultSharePollBatch is how many records a share source fetches at most
-// per poll when Config.PollBatch is 0: the engine's default MaxInFlight.
+// per poll when ShareConfig.PollBatch is 0: the engine's default MaxInFlight.
 // Every record fetched stays locked to this member until it is settled, out
 // of reach of the group's other members.
 const DefaultSharePollBatch = 64
@@ -161,31 +161,24 @@ var (
 	_ adapters.Invalidator = (*ShareSource)(nil)
 )
 
-// NewShareSource joins the share group cfg.Group on cfg.Topic. Of cfg,
-// Brokers, Topic, Group, DeadLetterTopic, PollBatch (the most records per
-// poll; 0 means DefaultSharePollBatch), StartOffset, FetchMaxBytes,
-// FetchMaxPartitionBytes, TLS, SASL, ClientID, Logger and Options are used. StartOffset is written to the
-// group's share.auto.offset.reset: "earliest" (the default) makes a new
-// group start at the beginning of the topic (the broker's default for share
-// groups is latest).
-func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
+// NewShareSource joins the share group cfg.Group on cfg.Topic and returns
+// once a broker answered. It fails when the config is invalid (the error
+// names the field and value) or no broker can be reached before ctx is
+// done.
+func NewShareSource(ctx context.Context, cfg ShareConfig) (*ShareSource, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(true); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
-	}
-	if len(cfg.RetryTiers) > 0 {
-		return nil, fmt.Errorf("kafka: Config.RetryTiers = %v: a share source has no retry topics (the broker redelivers released records)", cfg.RetryTiers)
 	}
 	batch := int32(DefaultSharePollBatch)
 	if cfg.PollBatch > 0 {
 		batch = int32(min(cfg.PollBatch, 1<<30))
 	}
 	limits := new(batchLimits) // of the dead-letter topic
-	opts := append(cfg.clientOpts(),
+	opts := append(cfg.consume().opts(),
 		limits.opt(),
 		kgo.ShareGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topic),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		// At most batch records per fetch, and no fetching ahead: every
 		// record the broker locks for this member is one Receive polled
 		// (but for franz-go's race that releaseStale handles).
@@ -204,7 +197,7 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}
-	if err := weakerProduce(cl); err != nil { // retry moves and dead letters
+	if err := weakerProduce("ShareConfig", cl); err != nil { // dead letters
 		cl.Close()
 		return nil, err
 	}
@@ -212,7 +205,7 @@ func NewShareSource(ctx context.Context, cfg Config) (*ShareSource, error) {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
-	if err := checkWriteTopics(ctx, cl, cfg, nil); err != nil {
+	if err := checkWriteTopics(ctx, cl, cfg.Logger, cfg.Group, cfg.DeadLetterTopic, nil); err != nil {
 		cl.Close()
 		return nil, err
 	}
@@ -384,9 +377,9 @@ func lockMillis(name string, v *string) (time.Duration, error) {
 }
 
 // setShareAutoOffsetReset sets the share group's share.auto.offset.reset.
-func setShareAutoOffsetReset(ctx context.Context, cfg Config, v string) error {
+func setShareAutoOffsetReset(ctx context.Context, cfg ShareConfig, v string) error {
 	// cfg.Options too: they may carry the dialer or the authentication.
-	cl, err := kgo.NewClient(append(cfg.clientOpts(), cfg.Options...)...)
+	cl, err := kgo.NewClient(append(cfg.ClientConfig.opts(), cfg.Options...)...)
 	if err != nil {
 		return fmt.Errorf("kafka: new client: %w", err)
 	}

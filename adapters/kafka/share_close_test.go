@@ -49,10 +49,10 @@ func TestCloseEndsWaitInPlace(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		open func(*testing.T, Config) adapters.Source
+		open func(*testing.T, SourceConfig) adapters.Source
 	}{
-		{"share", func(t *testing.T, cfg Config) adapters.Source { return openShare(t, cfg) }},
-		{"group", func(t *testing.T, cfg Config) adapters.Source { return openSource(t, cfg) }},
+		{"share", func(t *testing.T, cfg SourceConfig) adapters.Source { return openShare(t, cfg) }},
+		{"group", func(t *testing.T, cfg SourceConfig) adapters.Source { return openSource(t, cfg) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

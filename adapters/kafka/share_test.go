@@ -15,11 +15,11 @@ import (
 	"github.com/ackwise/ackwise/dlq"
 )
 
-func openShare(t *testing.T, cfg Config) *ShareSource {
+func openShare(t *testing.T, cfg SourceConfig) *ShareSource {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := NewShareSource(ctx, cfg)
+	s, err := NewShareSource(ctx, shareOf(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,7 +18,7 @@ import (
 // with a key go to the partition of the key (murmur2, as the Java client
 // does); records without one are spread. Publish may be called concurrently.
 type Sink struct {
-	cfg     Config
+	cfg     SinkConfig
 	cl      *kgo.Client
 	mu      sync.RWMutex // guards closed, held only to read or set it
 	closed  bool
@@ -29,8 +29,9 @@ type Sink struct {
 
 var _ adapters.Sink = (*Sink)(nil)
 
-// NewSink returns a sink on cfg.Topic once a broker answered. Only Brokers,
-// Topic, TLS, SASL, ClientID, Logger and Options of cfg are used.
+// NewSink returns a sink on cfg.Topic once a broker answered. It fails when
+// the config is invalid (the error names the field and value) or no broker
+// can be reached before ctx is done.
 //
 // It reads the topic's max.message.bytes (when it can: the topic exists and
 // DescribeConfigs is allowed) and batches records under it, so that the
@@ -40,13 +41,13 @@ var _ adapters.Sink = (*Sink)(nil)
 // whole, see Publish); kgo.ProducerBatchMaxBytes in Options overrides it.
 // franz-go measures a record before compression: one over the limit that
 // would compress under it is refused too.
-func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(false); err != nil {
+func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
+	cfg.ClientConfig = cfg.ClientConfig.withDefaults()
+	if err := cfg.ClientConfig.validate("SinkConfig", cfg.Topic); err != nil {
 		return nil, err
 	}
 	limits := new(batchLimits)
-	opts := append(cfg.clientOpts(),
+	opts := append(cfg.ClientConfig.opts(),
 		kgo.DefaultProduceTopic(cfg.Topic),
 		// Key -> partition with the Java client's hashing, so that other
 		// producers of the same keys agree on partitions.
@@ -60,7 +61,7 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 	}
 	// Options come last, so they could weaken the guarantees the sink
 	// documents: refuse that rather than publish with fewer.
-	if err := weakerProduce(cl); err != nil {
+	if err := weakerProduce("SinkConfig", cl); err != nil {
 		cl.Close()
 		return nil, err
 	}
@@ -72,16 +73,16 @@ func NewSink(ctx context.Context, cfg Config) (*Sink, error) {
 	return &Sink{cfg: cfg, cl: cl, closeFlushTimeout: 30 * time.Second}, nil
 }
 
-// weakerProduce reports Config.Options that turned off idempotent writes or
-// acks=all: the sink publishes, and the sources move records to retry and
-// dead-letter topics, with both, confirmed before an offset is committed
-// past.
-func weakerProduce(cl *kgo.Client) error {
+// weakerProduce reports Options (of the config named cfg) that turned off
+// idempotent writes or acks=all: the sink publishes, and the sources move
+// records to retry and dead-letter topics, with both, confirmed before an
+// offset is committed past.
+func weakerProduce(cfg string, cl *kgo.Client) error {
 	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
-		return errors.New("kafka: Config.Options disable idempotent writes: records are produced idempotently, with acks=all")
+		return fmt.Errorf("kafka: %s.Options disable idempotent writes: records are produced idempotently, with acks=all", cfg)
 	}
 	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
-		return errors.New("kafka: Config.Options set acks other than all: records are produced idempotently, with acks=all")
+		return fmt.Errorf("kafka: %s.Options set acks other than all: records are produced idempotently, with acks=all", cfg)
 	}
 	return nil
 }

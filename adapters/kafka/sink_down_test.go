@@ -43,13 +43,13 @@ func sinkBrokerGone(t *testing.T, opts ...kgo.Opt) *Sink {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Brokers: c.ListenAddrs(), Topic: uniq("t"), Options: opts}
+	cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: c.ListenAddrs(), Options: opts}, Topic: uniq("t")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := CreateTopics(ctx, cfg, 1, 1); err != nil {
 		t.Fatal(err)
 	}
-	sink, err := NewSink(ctx, cfg)
+	sink, err := NewSink(ctx, sinkOf(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func sinkBrokerGone(t *testing.T, opts ...kgo.Opt) *Sink {
 	return sink
 }
 
-// TestSinkRefusesWeakerOptions: Config.Options are applied after the sink's
+// TestSinkRefusesWeakerOptions: ClientConfig.Options are applied after the sink's
 // own, so they could turn off idempotent writes or acks=all; the sink
 // refuses them instead of publishing with weaker guarantees than it
 // documents.
@@ -72,9 +72,9 @@ func TestSinkRefusesWeakerOptions(t *testing.T) {
 		"idempotence off": {kgo.DisableIdempotentWrite()},
 		"leader acks":     {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())},
 	} {
-		cfg := Config{Brokers: brokers, Topic: uniq("t"), Options: opts}
+		cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers, Options: opts}, Topic: uniq("t")}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		sink, err := NewSink(ctx, cfg)
+		sink, err := NewSink(ctx, sinkOf(cfg))
 		cancel()
 		if err == nil {
 			_ = sink.Close()
@@ -89,7 +89,7 @@ func TestSinkRefusesWeakerOptions(t *testing.T) {
 func TestSinkTooLargeIsPermanent(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t)
-	cfg := Config{Brokers: brokers, Topic: uniq("t")}
+	cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers}, Topic: uniq("t")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := CreateTopics(ctx, cfg, 1, 1); err != nil {

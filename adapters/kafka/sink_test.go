@@ -66,7 +66,7 @@ func TestSinkKeysHeadersAndEventID(t *testing.T) {
 func TestSinkReturnsProduceErrors(t *testing.T) {
 	t.Parallel()
 	brokers := newCluster(t) // no topic auto-creation
-	sink := openSink(t, Config{Brokers: brokers, Topic: "missing-" + uniq("x"), Options: []kgo.Opt{kgo.UnknownTopicRetries(1)}})
+	sink := openSink(t, SourceConfig{ClientConfig: ClientConfig{Brokers: brokers, Options: []kgo.Opt{kgo.UnknownTopicRetries(1)}}, Topic: "missing-" + uniq("x")})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err := sink.Publish(ctx, &ackwise.Message{ID: "a", Payload: []byte("x")})

@@ -33,7 +33,7 @@ import (
 // DeadLetter, Release, ExtendLease and Valid may be called concurrently from
 // many.
 type Source struct {
-	cfg     Config
+	cfg     SourceConfig
 	cl      *kgo.Client
 	log     *slog.Logger
 	retries map[string]time.Duration // retry topic -> tier
@@ -133,9 +133,12 @@ var (
 // cfg.RetryTiers are set) and returns once a broker answered. It fails when
 // the config is invalid (the error names the field and value) or no broker
 // can be reached before ctx is done.
-func NewSource(ctx context.Context, cfg Config) (*Source, error) {
+func NewSource(ctx context.Context, cfg SourceConfig) (*Source, error) {
 	cfg = cfg.withDefaults()
-	if err := cfg.validate(true); err != nil {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := refuseCommitOptions("SourceConfig", cfg.Options, true); err != nil {
 		return nil, err
 	}
 	s := &Source{
@@ -165,7 +168,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	limits := new(batchLimits) // of the retry and dead-letter topics
 	s.limits = limits
-	opts := append(cfg.clientOpts(),
+	opts := append(cfg.consume().opts(),
 		limits.opt(),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(topics...),
@@ -176,7 +179,6 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		// group moved there, with the source offsets committed past them:
 		// starting it at its end would lose them.
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.OnPartitionsAssigned(s.onAssigned),
 		kgo.OnPartitionsRevoked(s.onRevoked),
 		kgo.OnPartitionsLost(s.onLost),
@@ -201,26 +203,27 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		opts = append(opts, kgo.FetchMaxWait(min(max(cfg.RetryTiers[0]/2, 100*time.Millisecond), 5*time.Second)))
 	}
 	opts = append(opts, cfg.Options...)
+	opts = append(opts, cfg.testOptions...)
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}
-	if err := weakerProduce(cl); err != nil { // retry moves and dead letters
+	if err := weakerProduce("SourceConfig", cl); err != nil { // retry moves and dead letters
 		cl.Close()
 		return nil, err
 	}
 	// A revoke that waits for handlers as long as the rebalance timeout
-	// (Config.Options may set it) gets the member evicted: its final
+	// (SourceConfig.Options may set it) gets the member evicted: its final
 	// commit is refused and what was settled meanwhile is redelivered.
 	if rt, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && cfg.RevokeTimeout >= rt {
 		cl.Close()
-		return nil, fmt.Errorf("kafka: Config.RevokeTimeout = %v (revoke_timeout in a URL): must be below the group's rebalance timeout %v (kgo.RebalanceTimeout), or a slow handler gets the member evicted", cfg.RevokeTimeout, rt)
+		return nil, fmt.Errorf("kafka: SourceConfig.RevokeTimeout = %v (revoke_timeout in a URL): must be below the group's rebalance timeout %v (kgo.RebalanceTimeout), or a slow handler gets the member evicted", cfg.RevokeTimeout, rt)
 	}
 	if err := cl.Ping(ctx); err != nil {
 		cl.Close()
 		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
 	}
-	if err := checkWriteTopics(ctx, cl, cfg, cfg.retryTopics()); err != nil {
+	if err := checkWriteTopics(ctx, cl, cfg.Logger, cfg.Group, cfg.DeadLetterTopic, cfg.retryTopics()); err != nil {
 		cl.Close()
 		return nil, err
 	}
@@ -548,7 +551,7 @@ func resumeLocked(cl *kgo.Client, tps map[string][]int32) {
 
 // Receive fills buf with up to len(buf) records: retry records that came due
 // first, then records of the last poll, then, when it delivered nothing, it
-// polls again (everything fetched, or at most Config.PollBatch records) and
+// polls again (everything fetched, or at most SourceConfig.PollBatch records) and
 // waits. Records of a
 // partition revoked since they were polled are dropped, never delivered.
 func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
@@ -819,7 +822,7 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 		// fetch after next overlaps delivering this one. Records wait
 		// here for at most one fetch beyond the one being delivered.
 		// A short deadline rather than franz-go's nil-context poll, which
-		// would hand user hooks (Config.Options) a nil context: the client
+		// would hand user hooks (SourceConfig.Options) a nil context: the client
 		// takes what it has buffered before it looks at the deadline, and
 		// waits at most that long if a rebalance dropped it meanwhile.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
@@ -1304,7 +1307,7 @@ func (s *Source) Valid(msg *ackwise.Message) bool {
 // instead (dlq.ReasonUnroutable), not moved.
 func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error {
 	if len(s.cfg.RetryTiers) == 0 {
-		return fmt.Errorf("kafka: Nack without Config.RetryTiers: this source retries in place (Capabilities.Delay is false)")
+		return fmt.Errorf("kafka: Nack without SourceConfig.RetryTiers: this source retries in place (Capabilities.Delay is false)")
 	}
 	if err := s.checkMovable(msg); err != nil {
 		return err

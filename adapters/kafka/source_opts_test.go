@@ -11,7 +11,7 @@ import (
 
 // TestSourceRefusesWeakerOptions: retry moves and dead letters are produced
 // with acks=all, confirmed before the offset is committed past (invariant
-// 3); Config.Options that turn off idempotence or acks=all are refused by
+// 3); SourceConfig.Options that turn off idempotence or acks=all are refused by
 // NewSource as by NewSink.
 func TestSourceRefusesWeakerOptions(t *testing.T) {
 	t.Parallel()
@@ -20,7 +20,7 @@ func TestSourceRefusesWeakerOptions(t *testing.T) {
 		"idempotence off": {kgo.DisableIdempotentWrite()},
 		"leader acks":     {kgo.DisableIdempotentWrite(), kgo.RequiredAcks(kgo.LeaderAck())},
 	} {
-		cfg := Config{Brokers: brokers, Topic: uniq("t"), Group: "g", RetryTiers: []time.Duration{time.Minute}, Options: opts}
+		cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers, Options: opts}, Topic: uniq("t"), Group: "g", RetryTiers: []time.Duration{time.Minute}}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		src, err := NewSource(ctx, cfg)
 		cancel()
@@ -35,7 +35,7 @@ func TestSourceRefusesWeakerOptions(t *testing.T) {
 // for handlers as long as the group's rebalance timeout (franz-go's
 // kgo.RebalanceTimeout, 60s by default) gets the member evicted from the
 // group, its revoke commit refused, and what its handlers settled meanwhile
-// redelivered. Config.RevokeTimeout documents that it must stay below the
+// redelivered. SourceConfig.RevokeTimeout documents that it must stay below the
 // rebalance timeout; NewSource refuses a config that breaks that, naming
 // the field, instead of accepting it silently.
 func TestSourceRefusesRevokeTimeoutPastRebalanceTimeout(t *testing.T) {
@@ -49,7 +49,7 @@ func TestSourceRefusesRevokeTimeoutPastRebalanceTimeout(t *testing.T) {
 		"equal to it":               {revoke: time.Minute},
 		"shorter rebalance timeout": {opts: []kgo.Opt{kgo.RebalanceTimeout(5 * time.Second)}}, // RevokeTimeout's default, 10s
 	} {
-		cfg := Config{Brokers: brokers, Topic: uniq("t"), Group: "g", RevokeTimeout: c.revoke, Options: c.opts}
+		cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers, Options: c.opts}, Topic: uniq("t"), Group: "g", RevokeTimeout: c.revoke}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		src, err := NewSource(ctx, cfg)
 		cancel()
@@ -58,8 +58,8 @@ func TestSourceRefusesRevokeTimeoutPastRebalanceTimeout(t *testing.T) {
 			t.Errorf("%s: NewSource accepted RevokeTimeout %v (0: the default)", name, cfg.RevokeTimeout)
 			continue
 		}
-		if !strings.Contains(err.Error(), "Config.RevokeTimeout") {
-			t.Errorf("%s: error %q does not name Config.RevokeTimeout", name, err)
+		if !strings.Contains(err.Error(), "SourceConfig.RevokeTimeout") {
+			t.Errorf("%s: error %q does not name SourceConfig.RevokeTimeout", name, err)
 		}
 	}
 	// Below it, and -1 (no wait), are fine.

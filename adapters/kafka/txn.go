@@ -18,22 +18,38 @@ import (
 )
 
 // DefaultTransactBatch is the most records in one transaction when
-// Config.PollBatch is 0: a transaction holds its outputs until it commits.
+// TransactConfig.PollBatch is 0: a transaction holds its outputs until it
+// commits.
 const DefaultTransactBatch = 1024
 
-// TransactConfig configures a [TransactSession]. Of the embedded Config,
-// Brokers, Topic (the input), Group, PollBatch (the most records in one
-// transaction; 0 means DefaultTransactBatch), StartOffset, FetchMaxBytes,
-// FetchMaxPartitionBytes, TLS, SASL, ClientID, Logger and Options are used;
-// retry tiers and the dead-letter topic are not (they are still validated,
-// as for any Config).
+// TransactConfig configures a [TransactSession] (NewTransactSession). The
+// zero value of every field but Brokers, Topic, Group and TransactionalID
+// means the documented default.
 type TransactConfig struct {
-	Config
+	ClientConfig
+	// Topic is the input topic. Required.
+	Topic string
+	// Group is the consumer group. Required.
+	Group string
 	// TransactionalID is the producer's transactional ID. It must be
 	// stable across restarts of the same logical worker and unique among
 	// running workers: a restarted worker with the same ID fences the old
 	// one. Required.
 	TransactionalID string
+	// PollBatch is the most records in one transaction. Zero means
+	// DefaultTransactBatch.
+	PollBatch int
+	// FetchMaxBytes and FetchMaxPartitionBytes bound the client's fetches,
+	// as in SourceConfig. Zero means the client's defaults.
+	FetchMaxBytes          int32
+	FetchMaxPartitionBytes int32
+	// StartOffset is where a group with no committed offset starts:
+	// "earliest" (the default) or "latest".
+	StartOffset string
+}
+
+func (c TransactConfig) consume() consumeFields {
+	return consumeFields{"TransactConfig", c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
 }
 
 // Output is one record a [Transform] emits.
@@ -110,8 +126,8 @@ type TransactSession struct {
 // when ending a batch's transaction failed and the transaction had run
 // longer than the producer's transaction timeout: the broker aborted it,
 // and nothing of the batch was committed. The error also wraps the broker's
-// (PRODUCER_FENCED, say). Shorten batches (Config.PollBatch, the fetch
-// limits) or raise kgo.TransactionTimeout.
+// (PRODUCER_FENCED, say). Shorten batches (TransactConfig.PollBatch, the
+// fetch limits) or raise kgo.TransactionTimeout.
 var ErrTransactionTimeout = errors.New("kafka: transaction ran longer than the transaction timeout")
 
 // txnTimeoutError is an error of a transaction that ran longer than the
@@ -125,7 +141,7 @@ type txnTimeoutError struct {
 func (e *txnTimeoutError) Error() string {
 	return fmt.Sprintf("kafka: batch's transaction ran %v, longer than the transaction timeout %v: "+
 		"the broker aborts such a transaction, so nothing of the batch was committed; "+
-		"shorten batches (Config.PollBatch, fetch limits) or raise kgo.TransactionTimeout: %v",
+		"shorten batches (TransactConfig.PollBatch, fetch limits) or raise kgo.TransactionTimeout: %v",
 		e.ran.Round(time.Millisecond), e.timeout, e.err)
 }
 
@@ -150,22 +166,25 @@ type txnAttempt struct {
 // NewTransactSession joins cfg.Group on cfg.Topic with a transactional
 // producer. It fails when the config is invalid or no broker can be reached.
 func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSession, error) {
-	cfg.Config = cfg.Config.withDefaults()
-	if err := cfg.Config.validate(true); err != nil {
+	cfg.ClientConfig = cfg.ClientConfig.withDefaults()
+	cfg.StartOffset = startOffset(cfg.StartOffset)
+	if err := cfg.consume().validate(); err != nil {
 		return nil, err
 	}
 	if cfg.TransactionalID == "" {
 		return nil, errors.New("kafka: TransactConfig.TransactionalID is empty")
 	}
+	if err := refuseCommitOptions("TransactConfig", cfg.Options, false); err != nil {
+		return nil, err
+	}
 	start := kgo.NewOffset().AtStart()
 	if cfg.StartOffset == "latest" {
 		start = kgo.NewOffset().AtEnd()
 	}
-	opts := append(cfg.clientOpts(),
+	opts := append(cfg.consume().opts(),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(cfg.Topic),
 		kgo.TransactionalID(cfg.TransactionalID),
-		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
 		kgo.ConsumeResetOffset(start),
 		kgo.RequireStableFetchOffsets(),
 	)

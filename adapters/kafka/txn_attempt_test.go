@@ -28,7 +28,7 @@ func TestTransactSessionCountsAttempts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	out := outTopic(t, cfg, 1)
-	dead := outTopic(t, Config{Brokers: brokers, Topic: cfg.Topic + ".dlq"}, 1)
+	dead := outTopic(t, SourceConfig{ClientConfig: ClientConfig{Brokers: brokers}, Topic: cfg.Topic + ".dlq"}, 1)
 	sink := openSink(t, cfg)
 	publishN(t, sink, 2, func(int) string { return "k" })
 	sess := openTxn(ctx, t, cfg)

@@ -89,7 +89,7 @@ func runTxn(ctx context.Context, sess *TransactSession, fn Transform) (done <-ch
 }
 
 // committed the input offset at of partition 0 of cfg.Topic.
-func waitTxnCommitted(ctx context.Context, t *testing.T, sess *TransactSession, cfg Config, at int64, done <-chan error) {
+func waitTxnCommitted(ctx context.Context, t *testing.T, sess *TransactSession, cfg SourceConfig, at int64, done <-chan error) {
 	t.Helper()
 	adm := kadm.NewClient(sess.sess.Client())
 	for { // polling: the broker has no commit notification

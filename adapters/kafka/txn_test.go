@@ -194,9 +194,9 @@ func TestTransactSessionReturnsFatalFetchError(t *testing.T) {
 }
 
 // openTxn opens a transact session on cfg, closed when the test ends.
-func openTxn(ctx context.Context, t *testing.T, cfg Config) *TransactSession {
+func openTxn(ctx context.Context, t *testing.T, cfg SourceConfig) *TransactSession {
 	t.Helper()
-	sess, err := NewTransactSession(ctx, TransactConfig{Config: cfg, TransactionalID: cfg.Topic + "-tx"})
+	sess, err := NewTransactSession(ctx, txnOf(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,12 +206,12 @@ func openTxn(ctx context.Context, t *testing.T, cfg Config) *TransactSession {
 
 // outTopic creates the output topic of cfg's test, with partitions
 // partitions, and returns its name.
-func outTopic(t *testing.T, cfg Config, partitions int32) string {
+func outTopic(t *testing.T, cfg SourceConfig, partitions int32) string {
 	t.Helper()
 	out := cfg.Topic + ".out"
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := CreateTopics(ctx, Config{Brokers: cfg.Brokers, Topic: out}, partitions, 1); err != nil {
+	if err := CreateTopics(ctx, SourceConfig{ClientConfig: ClientConfig{Brokers: cfg.Brokers}, Topic: out}, partitions, 1); err != nil {
 		t.Fatal(err)
 	}
 	return out

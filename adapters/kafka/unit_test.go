@@ -145,38 +145,38 @@ func TestFormatTier(t *testing.T) {
 }
 
 func TestConfigValidation(t *testing.T) {
-	ok := Config{Brokers: []string{"127.0.0.1:9092"}, Topic: "orders", Group: "g"}
+	ok := SourceConfig{ClientConfig: ClientConfig{Brokers: []string{"127.0.0.1:9092"}}, Topic: "orders", Group: "g"}
 	cases := []struct {
 		name   string
-		change func(*Config)
+		change func(*SourceConfig)
 		want   string // substring of the error; empty: valid
 	}{
-		{"valid", func(*Config) {}, ""},
-		{"no brokers", func(c *Config) { c.Brokers = nil }, "Config.Brokers"},
-		{"bad broker", func(c *Config) { c.Brokers = []string{"a b"} }, `Config.Brokers[0] = "a b"`},
-		{"no topic", func(c *Config) { c.Topic = "" }, "Config.Topic is empty"},
-		{"bad topic", func(c *Config) { c.Topic = "or/ders" }, `Config.Topic = "or/ders"`},
-		{"no group", func(c *Config) { c.Group = "" }, "Config.Group"},
-		{"negative tier", func(c *Config) { c.RetryTiers = []time.Duration{-time.Second} }, "Config.RetryTiers has -1s"},
-		{"duplicate tier", func(c *Config) { c.RetryTiers = []time.Duration{time.Second, time.Second} }, "1s twice"},
-		{"colliding retry topic", func(c *Config) {
+		{"valid", func(*SourceConfig) {}, ""},
+		{"no brokers", func(c *SourceConfig) { c.Brokers = nil }, "SourceConfig.Brokers"},
+		{"bad broker", func(c *SourceConfig) { c.Brokers = []string{"a b"} }, `SourceConfig.Brokers[0] = "a b"`},
+		{"no topic", func(c *SourceConfig) { c.Topic = "" }, "SourceConfig.Topic is empty"},
+		{"bad topic", func(c *SourceConfig) { c.Topic = "or/ders" }, `SourceConfig.Topic = "or/ders"`},
+		{"no group", func(c *SourceConfig) { c.Group = "" }, "SourceConfig.Group"},
+		{"negative tier", func(c *SourceConfig) { c.RetryTiers = []time.Duration{-time.Second} }, "SourceConfig.RetryTiers has -1s"},
+		{"duplicate tier", func(c *SourceConfig) { c.RetryTiers = []time.Duration{time.Second, time.Second} }, "1s twice"},
+		{"colliding retry topic", func(c *SourceConfig) {
 			c.RetryTiers = []time.Duration{time.Second}
 			c.RetryTopic = func(string, time.Duration) string { return "orders.dlq" }
 		}, "collides"},
-		{"dlq is topic", func(c *Config) { c.DeadLetterTopic = "orders" }, `Config.DeadLetterTopic = "orders"`},
-		{"bad start", func(c *Config) { c.StartOffset = "middle" }, `Config.StartOffset = "middle"`},
-		{"negative commit interval", func(c *Config) { c.CommitInterval = -time.Second }, "Config.CommitInterval = -1s"},
-		{"bad revoke timeout", func(c *Config) { c.RevokeTimeout = -2 }, "Config.RevokeTimeout"},
-		{"negative poll batch", func(c *Config) { c.PollBatch = -1 }, "Config.PollBatch = -1"},
-		{"negative fetch max bytes", func(c *Config) { c.FetchMaxBytes = -1 }, "Config.FetchMaxBytes = -1"},
-		{"negative fetch max partition bytes", func(c *Config) { c.FetchMaxPartitionBytes = -2 }, "Config.FetchMaxPartitionBytes = -2"},
-		{"bounded poll", func(c *Config) { c.PollBatch, c.FetchMaxBytes = 100, 1<<20 }, ""},
+		{"dlq is topic", func(c *SourceConfig) { c.DeadLetterTopic = "orders" }, `SourceConfig.DeadLetterTopic = "orders"`},
+		{"bad start", func(c *SourceConfig) { c.StartOffset = "middle" }, `SourceConfig.StartOffset = "middle"`},
+		{"negative commit interval", func(c *SourceConfig) { c.CommitInterval = -time.Second }, "SourceConfig.CommitInterval = -1s"},
+		{"bad revoke timeout", func(c *SourceConfig) { c.RevokeTimeout = -2 }, "SourceConfig.RevokeTimeout"},
+		{"negative poll batch", func(c *SourceConfig) { c.PollBatch = -1 }, "SourceConfig.PollBatch = -1"},
+		{"negative fetch max bytes", func(c *SourceConfig) { c.FetchMaxBytes = -1 }, "SourceConfig.FetchMaxBytes = -1"},
+		{"negative fetch max partition bytes", func(c *SourceConfig) { c.FetchMaxPartitionBytes = -2 }, "SourceConfig.FetchMaxPartitionBytes = -2"},
+		{"bounded poll", func(c *SourceConfig) { c.PollBatch, c.FetchMaxBytes = 100, 1<<20 }, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := ok
 			c.change(&cfg)
-			err := cfg.withDefaults().validate(true)
+			err := cfg.withDefaults().validate()
 			switch {
 			case c.want == "" && err != nil:
 				t.Fatalf("unexpected error: %v", err)
@@ -201,7 +201,7 @@ func TestParseURL(t *testing.T) {
 	if got := cfg.withDefaults().retryTopics(); !slices.Equal(got, []string{"orders.retry.1m", "orders.retry.10m"}) {
 		t.Fatalf("retry topics %v", got)
 	}
-	// -1 means "do not wait" in Config.RevokeTimeout; so it does in the URL.
+	// -1 means "do not wait" in SourceConfig.RevokeTimeout; so it does in the URL.
 	u, _ = url.Parse("kafka://h1:9092/orders?revoke_timeout=-1")
 	if cfg, err := ParseURL(u); err != nil || cfg.RevokeTimeout != -1 {
 		t.Fatalf("revoke_timeout=-1: %v, %v", cfg.RevokeTimeout, err)
@@ -260,8 +260,8 @@ func TestCreateTopicsRejectsBadChain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	// No broker is contacted: validation fails first.
-	cfg := Config{Brokers: []string{"127.0.0.1:1"}, Topic: "orders", RetryTiers: []time.Duration{-time.Second}}
-	if err := CreateTopics(ctx, cfg, 1, 1); err == nil || !strings.Contains(err.Error(), "Config.RetryTiers has -1s") {
+	cfg := SourceConfig{ClientConfig: ClientConfig{Brokers: []string{"127.0.0.1:1"}}, Topic: "orders", RetryTiers: []time.Duration{-time.Second}}
+	if err := CreateTopics(ctx, cfg, 1, 1); err == nil || !strings.Contains(err.Error(), "SourceConfig.RetryTiers has -1s") {
 		t.Fatalf("CreateTopics with a negative tier: %v", err)
 	}
 }
@@ -298,5 +298,46 @@ func TestParseSinkURLRefusesSourceParameters(t *testing.T) {
 	u, _ := url.Parse("kafka://alice:s3cret@h1:9092,h2:9092/orders?sasl=scram-sha-256&tls=true&client_id=me")
 	if cfg, err := ParseSinkURL(u); err != nil || cfg.Topic != "orders" || cfg.SASL == nil || cfg.TLS == nil || cfg.ClientID != "me" {
 		t.Errorf("sink URL: %+v, %v", cfg, err)
+	}
+}
+
+// TestEachConfigNamesItself: each constructor has its config, and a
+// validation error names the field of the config the caller filled in.
+func TestEachConfigNamesItself(t *testing.T) {
+	ctx := context.Background()
+	client := ClientConfig{Brokers: []string{"127.0.0.1:1"}} // never dialled: validation fails first
+	for want, open := range map[string]func() error{
+		"ShareConfig.Group is empty": func() error {
+			_, err := NewShareSource(ctx, ShareConfig{ClientConfig: client, Topic: "t"})
+			return err
+		},
+		`ShareConfig.DeadLetterTopic = "t"`: func() error {
+			_, err := NewShareSource(ctx, ShareConfig{ClientConfig: client, Topic: "t", Group: "g", DeadLetterTopic: "t"})
+			return err
+		},
+		"SinkConfig.Topic is empty": func() error {
+			_, err := NewSink(ctx, SinkConfig{ClientConfig: client})
+			return err
+		},
+		"SinkConfig.Brokers is empty": func() error {
+			_, err := NewSink(ctx, SinkConfig{Topic: "t"})
+			return err
+		},
+		"TransactConfig.PollBatch = -1": func() error {
+			_, err := NewTransactSession(ctx, TransactConfig{ClientConfig: client, Topic: "t", Group: "g", TransactionalID: "x", PollBatch: -1})
+			return err
+		},
+		"TransactConfig.TransactionalID is empty": func() error {
+			_, err := NewTransactSession(ctx, TransactConfig{ClientConfig: client, Topic: "t", Group: "g"})
+			return err
+		},
+		"SourceConfig.StartOffset": func() error {
+			_, err := NewSource(ctx, SourceConfig{ClientConfig: client, Topic: "t", Group: "g", StartOffset: "now"})
+			return err
+		},
+	} {
+		if err := open(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v, want one containing %q", err, want)
+		}
 	}
 }

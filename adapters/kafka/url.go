@@ -39,7 +39,7 @@ func init() {
 	})
 }
 
-// ParseURL reads a Config from a kafka:// URL:
+// ParseURL reads a SourceConfig from a kafka:// URL:
 //
 //	kafka://[user:password@]host:9092[,host2:9092]/topic?group=g&tiers=1m,10m&dlq=orders.dlq
 //
@@ -50,9 +50,9 @@ func init() {
 //     <topic>.retry.<tier>;
 //   - dlq: the dead-letter topic (default <topic>.dlq);
 //   - commit_interval, revoke_timeout: Go durations (revoke_timeout=-1: do
-//     not wait, as in Config);
+//     not wait, as in SourceConfig);
 //   - poll_batch, fetch_max_bytes, fetch_max_partition_bytes:
-//     Config.PollBatch, Config.FetchMaxBytes and Config.FetchMaxPartitionBytes;
+//     SourceConfig.PollBatch, FetchMaxBytes and FetchMaxPartitionBytes;
 //   - start: earliest (default) or latest;
 //   - client_id;
 //   - tls: true to dial with TLS; tls_ca (PEM file of CAs to trust),
@@ -69,8 +69,8 @@ func init() {
 //
 // A sink uses only the brokers, the topic, client_id, tls* and sasl: parse
 // a sink's URL with [ParseSinkURL], which refuses the others.
-func ParseURL(u *url.URL) (Config, error) {
-	var cfg Config
+func ParseURL(u *url.URL) (SourceConfig, error) {
+	var cfg SourceConfig
 	if u.Scheme != "kafka" {
 		return cfg, fmt.Errorf("kafka: URL %s: scheme must be kafka", adapters.RedactURL(u))
 	}
@@ -126,7 +126,7 @@ func ParseURL(u *url.URL) (Config, error) {
 	for name, dst := range map[string]*time.Duration{"commit_interval": &cfg.CommitInterval, "revoke_timeout": &cfg.RevokeTimeout} {
 		if v := q.Get(name); v != "" {
 			if name == "revoke_timeout" && v == "-1" {
-				*dst = -1 // do not wait, as in Config
+				*dst = -1 // do not wait, as in SourceConfig
 				continue
 			}
 			d, err := time.ParseDuration(v)
@@ -184,18 +184,18 @@ func ParseURL(u *url.URL) (Config, error) {
 // commit_interval, revoke_timeout, start, poll_batch, fetch_max_bytes,
 // fetch_max_partition_bytes) is an error naming it, rather than ignored by
 // NewSink.
-func ParseSinkURL(u *url.URL) (Config, error) {
+func ParseSinkURL(u *url.URL) (SinkConfig, error) {
 	cfg, err := ParseURL(u)
 	if err != nil {
-		return Config{}, err
+		return SinkConfig{}, err
 	}
 	q, _ := url.ParseQuery(u.RawQuery) // ParseURL refused a malformed query
 	for _, k := range sourceOnlyParams {
 		if q.Has(k) {
-			return Config{}, fmt.Errorf("kafka: URL %s: parameter %q applies to sources only", adapters.RedactURL(u), k)
+			return SinkConfig{}, fmt.Errorf("kafka: URL %s: parameter %q applies to sources only", adapters.RedactURL(u), k)
 		}
 	}
-	return cfg, nil
+	return SinkConfig{ClientConfig: cfg.ClientConfig, Topic: cfg.Topic}, nil
 }
 
 // sourceOnlyParams are the parameters NewSink ignores.

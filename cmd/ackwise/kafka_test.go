@@ -35,7 +35,7 @@ func TestKafkaRoundTrip(t *testing.T) {
 	topic := fmt.Sprintf("orders-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	if err := kafka.CreateTopics(ctx, kafka.Config{Brokers: c.ListenAddrs(), Topic: topic}, 1, 1); err != nil {
+	if err := kafka.CreateTopics(ctx, kafka.SourceConfig{ClientConfig: kafka.ClientConfig{Brokers: c.ListenAddrs()}, Topic: topic}, 1, 1); err != nil {
 		t.Fatal(err)
 	}
 	workURL := "kafka://" + addr + "/" + topic
