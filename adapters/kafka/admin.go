@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/ackwise/ackwise"
 	"github.com/twmb/franz-go/pkg/kadm"
@@ -76,6 +77,30 @@ func missingTopics(ctx context.Context, cl *kgo.Client, topics []string) ([]stri
 		}
 	}
 	return missing, nil
+}
+
+// writes are the topics a source writes to: its retry moves and dead
+// letters.
+type writes struct {
+	group, deadLetter string
+	retries           []string
+	limits            *batchLimits // of the retry and dead-letter topics, read by newClient
+}
+
+// newClient is the package's newClient for a source of group that writes to
+// w: once a broker answered, it checks that the topics exist
+// (checkWriteTopics) and reads their batch limits.
+func (w writes) newClient(ctx context.Context, cfg string, c ClientConfig, opts []kgo.Opt, check func(*kgo.Client) error) (*kgo.Client, error) {
+	cl, err := newClient(ctx, cfg, c.Brokers, opts, check)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkWriteTopics(ctx, cl, c.Logger, w.group, w.deadLetter, w.retries); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	w.limits.read(ctx, cl, append(slices.Clip(w.retries), w.deadLetter)...)
+	return cl, nil
 }
 
 // checkWriteTopics checks the topics a source writes to. Missing retry topics

@@ -106,6 +106,12 @@ type ShareSource struct {
 	renewing sync.WaitGroup
 }
 
+var (
+	_ adapters.Source      = (*ShareSource)(nil)
+	_ adapters.Detacher    = (*ShareSource)(nil)
+	_ adapters.Invalidator = (*ShareSource)(nil)
+)
+
 // DefaultSharePollBatch is how many records a share source fetches at most
 // per poll when ShareConfig.PollBatch is 0: the engine's default MaxInFlight.
 // Every record fetched stays locked to this member until it is settled, out
@@ -155,12 +161,6 @@ func (rc *shareReceipt) expiresWithin(now time.Time, d time.Duration) bool {
 // broker would refuse the other statuses of the partition sent with it.
 func (s *ShareSource) nearExpiry() time.Duration { return s.lease / 2 }
 
-var (
-	_ adapters.Source      = (*ShareSource)(nil)
-	_ adapters.Detacher    = (*ShareSource)(nil)
-	_ adapters.Invalidator = (*ShareSource)(nil)
-)
-
 // NewShareSource joins the share group cfg.Group on cfg.Topic and returns
 // once a broker answered. It fails when the config is invalid (the error
 // names the field and value) or no broker can be reached before ctx is
@@ -193,23 +193,11 @@ func NewShareSource(ctx context.Context, cfg ShareConfig) (*ShareSource, error) 
 	if err := setShareAutoOffsetReset(ctx, cfg, cfg.StartOffset); err != nil {
 		return nil, err
 	}
-	cl, err := kgo.NewClient(opts...)
+	w := writes{group: cfg.Group, deadLetter: cfg.DeadLetterTopic, limits: limits}
+	cl, err := w.newClient(ctx, "ShareConfig", cfg.ClientConfig, opts, nil)
 	if err != nil {
-		return nil, fmt.Errorf("kafka: new client: %w", err)
-	}
-	if err := weakerProduce("ShareConfig", cl); err != nil { // dead letters
-		cl.Close()
 		return nil, err
 	}
-	if err := cl.Ping(ctx); err != nil {
-		cl.Close()
-		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
-	}
-	if err := checkWriteTopics(ctx, cl, cfg.Logger, cfg.Group, cfg.DeadLetterTopic, nil); err != nil {
-		cl.Close()
-		return nil, err
-	}
-	limits.read(ctx, cl, cfg.DeadLetterTopic)
 	lease, err := shareLockDuration(ctx, cl, cfg.Group)
 	if err != nil {
 		cfg.Logger.Warn("kafka: cannot read the share group's record lock duration; assuming the broker default",
@@ -426,14 +414,8 @@ func (s *ShareSource) Extensions() adapters.Extensions {
 // Receive hands out the records of the current poll; once all are handed
 // out it waits until all are settled, then polls again.
 func (s *ShareSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
-	if len(buf) == 0 {
-		return 0, nil
-	}
 	for {
-		if s.closed.Load() {
-			return 0, adapters.ErrClosed
-		}
-		if err := ctx.Err(); err != nil {
+		if stop, err := receiveEnds(ctx, &s.closed, buf); stop {
 			return 0, err
 		}
 		s.mu.Lock()

@@ -55,22 +55,37 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 		limits.opt(),
 	)
 	opts = append(opts, cfg.Options...)
+	cl, err := newClient(ctx, "SinkConfig", cfg.Brokers, opts, nil)
+	if err != nil {
+		return nil, err
+	}
+	limits.read(ctx, cl, cfg.Topic)
+	return &Sink{cfg: cfg, cl: cl, closeFlushTimeout: 30 * time.Second}, nil
+}
+
+// newClient makes the client of the config named cfg and returns it once
+// one of brokers answered. Options come last, so they could weaken the
+// guarantees the adapter documents: it refuses those weakerProduce reports,
+// and those check (when not nil) reports, rather than produce with fewer.
+func newClient(ctx context.Context, cfg string, brokers []string, opts []kgo.Opt, check func(*kgo.Client) error) (*kgo.Client, error) {
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}
-	// Options come last, so they could weaken the guarantees the sink
-	// documents: refuse that rather than publish with fewer.
-	if err := weakerProduce("SinkConfig", cl); err != nil {
+	err = weakerProduce(cfg, cl)
+	if err == nil && check != nil {
+		err = check(cl)
+	}
+	if err == nil {
+		if perr := cl.Ping(ctx); perr != nil {
+			err = fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", brokers, perr)
+		}
+	}
+	if err != nil {
 		cl.Close()
 		return nil, err
 	}
-	if err := cl.Ping(ctx); err != nil {
-		cl.Close()
-		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
-	}
-	limits.read(ctx, cl, cfg.Topic)
-	return &Sink{cfg: cfg, cl: cl, closeFlushTimeout: 30 * time.Second}, nil
+	return cl, nil
 }
 
 // weakerProduce reports Options (of the config named cfg) that turned off

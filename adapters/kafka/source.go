@@ -204,30 +204,20 @@ func NewSource(ctx context.Context, cfg SourceConfig) (*Source, error) {
 	}
 	opts = append(opts, cfg.Options...)
 	opts = append(opts, cfg.testOptions...)
-	cl, err := kgo.NewClient(opts...)
-	if err != nil {
-		return nil, fmt.Errorf("kafka: new client: %w", err)
-	}
-	if err := weakerProduce("SourceConfig", cl); err != nil { // retry moves and dead letters
-		cl.Close()
-		return nil, err
-	}
 	// A revoke that waits for handlers as long as the rebalance timeout
 	// (SourceConfig.Options may set it) gets the member evicted: its final
 	// commit is refused and what was settled meanwhile is redelivered.
-	if rt, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && cfg.RevokeTimeout >= rt {
-		cl.Close()
-		return nil, fmt.Errorf("kafka: SourceConfig.RevokeTimeout = %v (revoke_timeout in a URL): must be below the group's rebalance timeout %v (kgo.RebalanceTimeout), or a slow handler gets the member evicted", cfg.RevokeTimeout, rt)
+	revokeFits := func(cl *kgo.Client) error {
+		if rt, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && cfg.RevokeTimeout >= rt {
+			return fmt.Errorf("kafka: SourceConfig.RevokeTimeout = %v (revoke_timeout in a URL): must be below the group's rebalance timeout %v (kgo.RebalanceTimeout), or a slow handler gets the member evicted", cfg.RevokeTimeout, rt)
+		}
+		return nil
 	}
-	if err := cl.Ping(ctx); err != nil {
-		cl.Close()
-		return nil, fmt.Errorf("kafka: cannot reach brokers %v (TLS or SASL misconfigured?): %w", cfg.Brokers, err)
-	}
-	if err := checkWriteTopics(ctx, cl, cfg.Logger, cfg.Group, cfg.DeadLetterTopic, cfg.retryTopics()); err != nil {
-		cl.Close()
+	w := writes{group: cfg.Group, deadLetter: cfg.DeadLetterTopic, retries: cfg.retryTopics(), limits: limits}
+	cl, err := w.newClient(ctx, "SourceConfig", cfg.ClientConfig, opts, revokeFits)
+	if err != nil {
 		return nil, err
 	}
-	limits.read(ctx, cl, append(cfg.retryTopics(), cfg.DeadLetterTopic)...)
 	s.cl = cl
 	go s.committer()
 	return s, nil
@@ -520,15 +510,37 @@ func (s *Source) dropLocked(cl *kgo.Client, ps []*partition) {
 			close(p.drained)
 			p.drained = nil
 		}
-		if p.paused {
-			p.paused = false
-			if resume == nil {
-				resume = make(map[string][]int32)
-			}
-			resume[p.topic] = append(resume[p.topic], p.id)
-		}
+		resume = p.unpauseLocked(resume)
 	}
 	resumeLocked(cl, resume)
+}
+
+// unpauseLocked marks p not paused and, if it was, adds it to resume (made
+// when nil), the partitions to resume fetching; it returns resume.
+func (p *partition) unpauseLocked(resume map[string][]int32) map[string][]int32 {
+	if !p.paused {
+		return resume
+	}
+	p.paused = false
+	if resume == nil {
+		resume = make(map[string][]int32)
+	}
+	resume[p.topic] = append(resume[p.topic], p.id)
+	return resume
+}
+
+// receiveEnds reports whether a Receive into buf returns now, and its
+// error: at once for an empty buf (nil), once the source is closed
+// (adapters.ErrClosed) or ctx ended (ctx's error).
+func receiveEnds(ctx context.Context, closed *atomic.Bool, buf []*ackwise.Message) (bool, error) {
+	switch {
+	case len(buf) == 0:
+		return true, nil
+	case closed.Load():
+		return true, adapters.ErrClosed
+	}
+	err := ctx.Err()
+	return err != nil, err
 }
 
 // pauseLocked and resumeLocked change the client's paused partitions. They
@@ -551,18 +563,12 @@ func resumeLocked(cl *kgo.Client, tps map[string][]int32) {
 
 // Receive fills buf with up to len(buf) records: retry records that came due
 // first, then records of the last poll, then, when it delivered nothing, it
-// polls again (everything fetched, or at most SourceConfig.PollBatch records) and
-// waits. Records of a
-// partition revoked since they were polled are dropped, never delivered.
+// polls again (everything fetched, or at most SourceConfig.PollBatch
+// records) and waits. Records of a partition revoked since they were polled
+// are dropped, never delivered.
 func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
-	if len(buf) == 0 {
-		return 0, nil
-	}
 	for {
-		if s.closed.Load() {
-			return 0, adapters.ErrClosed
-		}
-		if err := ctx.Err(); err != nil {
+		if stop, err := receiveEnds(ctx, &s.closed, buf); stop {
 			return 0, err
 		}
 		now := time.Now()
@@ -624,15 +630,7 @@ func (s *Source) poll(ctx context.Context, limit int) (closed bool, fatal error)
 	if fetches.IsClientClosed() {
 		return true, nil
 	}
-	fetches.EachError(func(t string, p int32, err error) {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			return
-		}
-		s.log.Warn("kafka: fetch error", ackwise.LogKeyTopic, t, ackwise.LogKeyPartition, p, ackwise.LogKeyError, err)
-		if fatal == nil && reportFetch(err) {
-			fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
-		}
-	})
+	fatal = fetchErrors(fetches, s.log, reportFetch)
 	s.stash(fetches, n)
 	return false, fatal
 }
@@ -698,13 +696,7 @@ func (s *Source) takeDue(buf []*ackwise.Message, now time.Time) (n int, next tim
 		p.held = p.held[i:]
 		if len(p.held) == 0 {
 			p.held = nil
-			if p.paused {
-				p.paused = false
-				if resume == nil {
-					resume = make(map[string][]int32)
-				}
-				resume[p.topic] = append(resume[p.topic], p.id)
-			}
+			resume = p.unpauseLocked(resume)
 			continue
 		}
 		if d := p.held[0].due; next.IsZero() || d.Before(next) {

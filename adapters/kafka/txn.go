@@ -234,17 +234,7 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 		// word. Other errors (a broker down, data loss franz-go recovers
 		// from) are only logged. The batch's records, if any, are left
 		// uncommitted.
-		var fatal error
-		fetches.EachError(func(t string, p int32, err error) {
-			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-				return
-			}
-			s.log.Warn("kafka: fetch error", ackwise.LogKeyTopic, t, ackwise.LogKeyPartition, p, ackwise.LogKeyError, err)
-			if fatal == nil && fatalFetch(err) {
-				fatal = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
-			}
-		})
-		if fatal != nil {
+		if fatal := fetchErrors(fetches, s.log, fatalFetch); fatal != nil {
 			return fatal
 		}
 		if fetches.NumRecords() == 0 {
@@ -266,6 +256,22 @@ func (s *TransactSession) Run(ctx context.Context, fn Transform) error {
 			return nil
 		}
 	}
+}
+
+// fetchErrors logs the fetch errors of fetches at Warn (but those of a
+// context ended) and returns the first that fatal says ends consuming.
+func fetchErrors(fetches kgo.Fetches, log *slog.Logger, fatal func(error) bool) error {
+	var first error
+	fetches.EachError(func(t string, p int32, err error) {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		log.Warn("kafka: fetch error", ackwise.LogKeyTopic, t, ackwise.LogKeyPartition, p, ackwise.LogKeyError, err)
+		if first == nil && fatal(err) {
+			first = fmt.Errorf("kafka: fetch %s/%d: %w", t, p, err)
+		}
+	})
+	return first
 }
 
 // fatalFetch reports whether a fetch error ends Run: a Kafka error marked
