@@ -23,10 +23,10 @@ import (
 // about consuming are not, and may be left empty.
 func CreateTopics(ctx context.Context, cfg SourceConfig, partitions int32, replicationFactor int16) error {
 	cfg = cfg.withDefaults()
-	if err := cfg.ClientConfig.validate("SourceConfig", cfg.Topic); err != nil {
+	if err := cfg.ClientConfig.validate(fieldsOf("SourceConfig"), cfg.Topic); err != nil {
 		return err
 	}
-	if err := cfg.validateChain(); err != nil { // or it would create topics named after bad tiers
+	if err := cfg.validateChain(fieldsOf("SourceConfig")); err != nil { // or it would create topics named after bad tiers
 		return err
 	}
 	// cfg.Options too: they may carry the dialer or the authentication.
@@ -91,7 +91,7 @@ type writes struct {
 // w: once a broker answered, it checks that the topics exist
 // (checkWriteTopics) and reads their batch limits.
 func (w writes) newClient(ctx context.Context, cfg string, c ClientConfig, opts []kgo.Opt, check func(*kgo.Client) error) (*kgo.Client, error) {
-	cl, err := newClient(ctx, cfg, c.Brokers, opts, check)
+	cl, err := newClient(ctx, c.optionsName(cfg), c.Brokers, opts, check)
 	if err != nil {
 		return nil, err
 	}

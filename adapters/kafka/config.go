@@ -1,6 +1,7 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -13,6 +14,10 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
+	"github.com/twmb/franz-go/plugin/kotel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults applied to zero fields of the configs.
@@ -44,6 +49,18 @@ type ClientConfig struct {
 	ClientID string
 	// Logger receives the adapter's logs and franz-go's. Nil discards them.
 	Logger *slog.Logger
+	// MeterProvider, when non-nil, gets franz-go's client metrics
+	// (connections, bytes and records produced and fetched, per broker and
+	// topic: messaging.kafka.*), through franz-go's OpenTelemetry plugin
+	// (github.com/twmb/franz-go/plugin/kotel).
+	MeterProvider metric.MeterProvider
+	// TracerProvider, when non-nil, gets a span per record the client
+	// produces ("<topic> publish") and fetches ("<topic> receive"), through
+	// the same plugin. Those spans neither read nor write trace headers:
+	// writing them would change the headers of retry moves and dead
+	// letters, which are kept as they came (the handler's trace comes from
+	// ackwise's tracing middleware).
+	TracerProvider trace.TracerProvider
 	// Options are extra franz-go options applied after the adapter's own;
 	// they can override them, except that the constructors refuse, with an
 	// error naming them: options turning off idempotent writes or acks=all
@@ -56,6 +73,10 @@ type ClientConfig struct {
 	// commit on revocation; kgo.DisableAutoCommit, kgo.AutoCommitCallback).
 	// A share group refuses auto-commit options and callbacks itself.
 	Options []kgo.Opt
+
+	// optionsFrom names where Options came from in errors, when not the
+	// config's own field: "kafka.WithClientOptions" for a URL's opener.
+	optionsFrom string
 }
 
 // SourceConfig configures a [Source] (NewSource) and names the topics of
@@ -93,8 +114,9 @@ type SourceConfig struct {
 	// RevokeTimeout bounds how long a revocation waits for handlers running
 	// on the revoked partitions to settle before committing and releasing
 	// them. Zero means DefaultRevokeTimeout (10s); -1 means do not wait. It
-	// must stay below the group's rebalance timeout (franz-go default 60s,
-	// kgo.RebalanceTimeout in Options): NewSource refuses one that does not.
+	// must stay below the group's rebalance timeout (RebalanceTimeout, or
+	// kgo.RebalanceTimeout in Options; 60s by default): NewSource refuses
+	// one that does not.
 	RevokeTimeout time.Duration
 	// PollBatch, when positive, is the most records the source takes from
 	// the client in one poll and holds until Receive hands them out
@@ -125,6 +147,19 @@ type SourceConfig struct {
 	// start at their beginning: they hold only retries this group moved
 	// there, which "latest" would skip.
 	StartOffset string
+
+	// SessionTimeout is how long the group coordinator waits for the
+	// member's heartbeat before it evicts it and rebalances (franz-go's
+	// kgo.SessionTimeout). Zero means franz-go's default (45s).
+	SessionTimeout time.Duration
+	// RebalanceTimeout is how long the group waits for every member to
+	// rejoin in a rebalance (franz-go's kgo.RebalanceTimeout); RevokeTimeout
+	// must stay below it. Zero means franz-go's default (60s).
+	RebalanceTimeout time.Duration
+	// HeartbeatInterval is how often the member heartbeats to the group
+	// coordinator (franz-go's kgo.HeartbeatInterval), well below
+	// SessionTimeout. Zero means franz-go's default (3s).
+	HeartbeatInterval time.Duration
 
 	// testOptions are appended after Options without their check: tests
 	// wrap the source's partition callbacks with them.
@@ -162,6 +197,21 @@ type SinkConfig struct {
 	ClientConfig
 	// Topic is the topic written. Required.
 	Topic string
+}
+
+// groupOpts are the options of the group timeouts that are set.
+func (c SourceConfig) groupOpts() []kgo.Opt {
+	var opts []kgo.Opt
+	if c.SessionTimeout > 0 {
+		opts = append(opts, kgo.SessionTimeout(c.SessionTimeout))
+	}
+	if c.RebalanceTimeout > 0 {
+		opts = append(opts, kgo.RebalanceTimeout(c.RebalanceTimeout))
+	}
+	if c.HeartbeatInterval > 0 {
+		opts = append(opts, kgo.HeartbeatInterval(c.HeartbeatInterval))
+	}
+	return opts
 }
 
 // DefaultRetryTopic names a retry topic "<topic>.retry.<tier>", the tier
@@ -253,24 +303,38 @@ func startOffset(v string) string {
 	return v
 }
 
-// validate reports the first bad field of a defaulted ClientConfig embedded
-// in the config named cfg, and of that config's Topic.
-func (c ClientConfig) validate(cfg, topic string) error {
+// names says how a validation error names a field: as a config's
+// ("SourceConfig.Group", see fieldsOf) or as a URL's (`URL parameter
+// "group"`, see urlNames).
+type names func(field string) string
+
+// fieldsOf names the fields of the config type cfg.
+func fieldsOf(cfg string) names { return func(f string) string { return cfg + "." + f } }
+
+// optionsName names c.Options in errors, c being embedded in the config
+// type cfg ("SourceConfig").
+func (c ClientConfig) optionsName(cfg string) string {
+	return cmp.Or(c.optionsFrom, cfg+".Options")
+}
+
+// validate reports the first bad field of a defaulted ClientConfig, and of
+// its config's topic.
+func (c ClientConfig) validate(n names, topic string) error {
 	if len(c.Brokers) == 0 {
-		return fmt.Errorf("kafka: %s.Brokers is empty: need at least one host:port", cfg)
+		return fmt.Errorf("kafka: %s is empty: need at least one host:port", n("Brokers"))
 	}
 	for i, b := range c.Brokers {
 		if b == "" || strings.ContainsAny(b, " /,") {
-			return fmt.Errorf("kafka: %s.Brokers[%d] = %q: want host:port", cfg, i, b)
+			return fmt.Errorf("kafka: %s[%d] = %q: want host:port", n("Brokers"), i, b)
 		}
 	}
-	return validTopic(cfg+".Topic", topic)
+	return validTopic(n("Topic"), topic)
 }
 
 // consumeFields are what a consuming config (SourceConfig, ShareConfig,
 // TransactConfig) says about the group and its fetches.
 type consumeFields struct {
-	cfg                    string // the config's type name, for errors
+	n                      names
 	client                 ClientConfig
 	topic, group, start    string
 	pollBatch              int
@@ -279,23 +343,23 @@ type consumeFields struct {
 
 // validate reports the first bad field of defaulted consumeFields.
 func (m consumeFields) validate() error {
-	if err := m.client.validate(m.cfg, m.topic); err != nil {
+	if err := m.client.validate(m.n, m.topic); err != nil {
 		return err
 	}
 	if m.group == "" {
-		return fmt.Errorf("kafka: %s.Group is empty: a consumer needs a group", m.cfg)
+		return fmt.Errorf("kafka: %s is empty: a consumer needs a group", m.n("Group"))
 	}
 	if m.pollBatch < 0 {
-		return fmt.Errorf("kafka: %s.PollBatch = %d: must be positive, or 0 for the default", m.cfg, m.pollBatch)
+		return fmt.Errorf("kafka: %s = %d: must be positive, or 0 for the default", m.n("PollBatch"), m.pollBatch)
 	}
 	if m.fetchMax < 0 {
-		return fmt.Errorf("kafka: %s.FetchMaxBytes = %d: must be positive, or 0 for the client's default", m.cfg, m.fetchMax)
+		return fmt.Errorf("kafka: %s = %d: must be positive, or 0 for the client's default", m.n("FetchMaxBytes"), m.fetchMax)
 	}
 	if m.fetchMaxPart < 0 {
-		return fmt.Errorf("kafka: %s.FetchMaxPartitionBytes = %d: must be positive, or 0 for the client's default", m.cfg, m.fetchMaxPart)
+		return fmt.Errorf("kafka: %s = %d: must be positive, or 0 for the client's default", m.n("FetchMaxPartitionBytes"), m.fetchMaxPart)
 	}
 	if m.start != "earliest" && m.start != "latest" {
-		return fmt.Errorf("kafka: %s.StartOffset = %q: want \"earliest\" or \"latest\"", m.cfg, m.start)
+		return fmt.Errorf("kafka: %s = %q: want \"earliest\" or \"latest\"", m.n("StartOffset"), m.start)
 	}
 	return nil
 }
@@ -313,27 +377,38 @@ func (m consumeFields) opts() []kgo.Opt {
 	return append(opts, kgo.FetchIsolationLevel(kgo.ReadCommitted()))
 }
 
-func (c SourceConfig) consume() consumeFields {
-	return consumeFields{"SourceConfig", c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
+func (c SourceConfig) consume(n names) consumeFields {
+	return consumeFields{n, c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
 }
 
 func (c ShareConfig) consume() consumeFields {
-	return consumeFields{"ShareConfig", c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
+	return consumeFields{fieldsOf("ShareConfig"), c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
 }
 
 // validate reports the first bad field of a defaulted config, naming it and
 // its value.
-func (c SourceConfig) validate() error {
-	if err := c.consume().validate(); err != nil {
+func (c SourceConfig) validate() error { return c.check(fieldsOf("SourceConfig")) }
+
+// check is validate with the fields named by n.
+func (c SourceConfig) check(n names) error {
+	if err := c.consume(n).validate(); err != nil {
 		return err
 	}
-	if c.CommitInterval < 0 {
-		return fmt.Errorf("kafka: SourceConfig.CommitInterval = %v: must not be negative", c.CommitInterval)
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"CommitInterval", c.CommitInterval}, {"SessionTimeout", c.SessionTimeout}, {"RebalanceTimeout", c.RebalanceTimeout}, {"HeartbeatInterval", c.HeartbeatInterval}} {
+		if d.v < 0 {
+			return fmt.Errorf("kafka: %s = %v: must not be negative", n(d.field), d.v)
+		}
 	}
 	if c.RevokeTimeout < -1 {
-		return fmt.Errorf("kafka: SourceConfig.RevokeTimeout = %v: must be positive, 0 (default) or -1 (no wait)", c.RevokeTimeout)
+		return fmt.Errorf("kafka: %s = %v: must be positive, 0 (default) or -1 (no wait)", n("RevokeTimeout"), c.RevokeTimeout)
 	}
-	return c.validateChain()
+	if c.RebalanceTimeout > 0 && c.RevokeTimeout >= c.RebalanceTimeout {
+		return fmt.Errorf("kafka: %s = %v: must be below %s = %v, or a slow handler gets the member evicted", n("RevokeTimeout"), c.RevokeTimeout, n("RebalanceTimeout"), c.RebalanceTimeout)
+	}
+	return c.validateChain(n)
 }
 
 // validate reports the first bad field of a defaulted config, naming it and
@@ -342,18 +417,18 @@ func (c ShareConfig) validate() error {
 	if err := c.consume().validate(); err != nil {
 		return err
 	}
-	_, err := validDeadLetter("ShareConfig", c.Topic, c.DeadLetterTopic)
+	_, err := validDeadLetter(fieldsOf("ShareConfig"), c.Topic, c.DeadLetterTopic)
 	return err
 }
 
 // validDeadLetter checks the dead-letter topic dlq of topic, and returns
 // the names taken by the two, for checking further topics against.
-func validDeadLetter(cfg, topic, dlq string) (map[string]bool, error) {
-	if err := validTopic(cfg+".DeadLetterTopic", dlq); err != nil {
+func validDeadLetter(n names, topic, dlq string) (map[string]bool, error) {
+	if err := validTopic(n("DeadLetterTopic"), dlq); err != nil {
 		return nil, err
 	}
 	if norm(dlq) == norm(topic) {
-		return nil, fmt.Errorf("kafka: %s.DeadLetterTopic = %q: must differ from Topic %q (also in '.' against '_')", cfg, dlq, topic)
+		return nil, fmt.Errorf("kafka: %s = %q: must differ from %s %q (also in '.' against '_')", n("DeadLetterTopic"), dlq, n("Topic"), topic)
 	}
 	return map[string]bool{norm(topic): true, norm(dlq): true}, nil
 }
@@ -365,24 +440,24 @@ func norm(t string) string { return strings.ReplaceAll(t, ".", "_") }
 
 // validateChain checks the topics of the chain besides Topic: the
 // dead-letter topic and the retry tiers and their topics.
-func (c SourceConfig) validateChain() error {
-	seen, err := validDeadLetter("SourceConfig", c.Topic, c.DeadLetterTopic)
+func (c SourceConfig) validateChain(n names) error {
+	seen, err := validDeadLetter(n, c.Topic, c.DeadLetterTopic)
 	if err != nil {
 		return err
 	}
 	for i, t := range c.RetryTiers {
 		if t <= 0 {
-			return fmt.Errorf("kafka: SourceConfig.RetryTiers has %v: tiers must be positive", t)
+			return fmt.Errorf("kafka: %s has %v: tiers must be positive", n("RetryTiers"), t)
 		}
 		if i > 0 && c.RetryTiers[i-1] == t {
-			return fmt.Errorf("kafka: SourceConfig.RetryTiers has %v twice", t)
+			return fmt.Errorf("kafka: %s has %s twice", n("RetryTiers"), FormatTier(t))
 		}
 		name := c.RetryTopic(c.Topic, t)
-		if err := validTopic(fmt.Sprintf("SourceConfig.RetryTopic(%q, %v)", c.Topic, t), name); err != nil {
+		if err := validTopic(fmt.Sprintf("%s for tier %s", n("RetryTopic"), FormatTier(t)), name); err != nil {
 			return err
 		}
 		if seen[norm(name)] {
-			return fmt.Errorf("kafka: SourceConfig.RetryTopic(%q, %v) = %q: collides with another topic of the chain (also in '.' against '_')", c.Topic, t, name)
+			return fmt.Errorf("kafka: %s for tier %s = %q: collides with another topic of the chain (also in '.' against '_')", n("RetryTopic"), FormatTier(t), name)
 		}
 		seen[norm(name)] = true
 	}
@@ -390,7 +465,7 @@ func (c SourceConfig) validateChain() error {
 }
 
 // validTopic applies Kafka's topic name rules to the field named field
-// (type and field: "SinkConfig.Topic").
+// ("SinkConfig.Topic", `URL parameter "dlq"`).
 func validTopic(field, t string) error {
 	if t == "" {
 		return fmt.Errorf("kafka: %s is empty", field)
@@ -442,17 +517,29 @@ func (c ClientConfig) opts() []kgo.Opt {
 	if c.SASL != nil {
 		opts = append(opts, kgo.SASL(c.SASL))
 	}
+	var telemetry []kotel.Opt
+	if c.MeterProvider != nil {
+		telemetry = append(telemetry, kotel.WithMeter(kotel.NewMeter(kotel.MeterProvider(c.MeterProvider))))
+	}
+	if c.TracerProvider != nil {
+		telemetry = append(telemetry, kotel.WithTracer(kotel.NewTracer(kotel.TracerProvider(c.TracerProvider),
+			kotel.TracerPropagator(propagation.NewCompositeTextMapPropagator()), // no headers: see TracerProvider
+			kotel.ClientID(c.ClientID))))
+	}
+	if len(telemetry) > 0 {
+		opts = append(opts, kgo.WithHooks(kotel.NewKotel(telemetry...).Hooks()...))
+	}
 	return opts
 }
 
-// refuseCommitOptions reports options among opts (the Options of the
-// config named cfg) that would break invariant 2 of a group consumer:
+// refuseCommitOptions reports options among opts (named name in errors,
+// see ClientConfig.optionsName) that would break invariant 2 of a group consumer:
 // auto-commit turned on, and, when owned (a Source), any option of the
 // group's partition callbacks or commits, which the source owns: a
 // callback would replace the source's own, which commit settled offsets on
 // revocation. It reads them from clients made of opts, which never reach a
 // broker (their context is cancelled) and are closed at once.
-func refuseCommitOptions(cfg string, opts []kgo.Opt, owned bool) error {
+func refuseCommitOptions(name string, opts []kgo.Opt, owned bool) error {
 	if len(opts) == 0 {
 		return nil
 	}
@@ -475,7 +562,7 @@ func refuseCommitOptions(cfg string, opts []kgo.Opt, owned bool) error {
 		return nil
 	}
 	if err := probe(kgo.ConsumerGroup("ackwise-options-check")); err != nil {
-		return fmt.Errorf("kafka: %s.Options %w", cfg, err)
+		return fmt.Errorf("kafka: %s %w", name, err)
 	}
 	if !owned {
 		return nil
@@ -483,7 +570,7 @@ func refuseCommitOptions(cfg string, opts []kgo.Opt, owned bool) error {
 	// Without a group, franz-go refuses the options of a group's callbacks
 	// and commits.
 	if err := probe(); err != nil {
-		return fmt.Errorf("kafka: %s.Options set what the source owns (partition callbacks, which commit settled offsets on revocation; commit settings): %w", cfg, err)
+		return fmt.Errorf("kafka: %s set what the source owns (partition callbacks, which commit settled offsets on revocation; commit settings): %w", name, err)
 	}
 	return nil
 }

@@ -195,6 +195,10 @@
 // # URL
 //
 // Importing the package registers the scheme "kafka" with
-// [adapters.Register]; see [ParseURL] for the parameters. A sink's URL is
-// read with [ParseSinkURL], which refuses the parameters only a source uses.
+// [adapters.Register]; see [ParseURL] for the parameters and the options
+// ([adapters.OpenOption]) the scheme takes: a logger, meter and tracer
+// providers, a TLS config and franz-go options ([WithClientOptions]). A
+// sink's URL is read with [ParseSinkURL], which refuses the parameters only
+// a source uses. The parameters are read by the adapters' shared strict
+// parser: errors name the URL parameter, never a Go field.
 package kafka

@@ -2,6 +2,7 @@ package kafka
 
 import (
 	"bytes"
+	"cmp"
 	"net/url"
 	"strconv"
 	"strings"
@@ -107,8 +108,10 @@ func FuzzHopHeaders(f *testing.F) {
 
 // FuzzParseURL: ParseURL and ParseSinkURL take any kafka:// URL a user may
 // write, with a password holding any characters, unescaped, without
-// panicking or hanging, and their errors never show the password, nor any
-// piece of it (marked by the tokens around and inside it).
+// panicking or hanging; their errors never show the password, nor any
+// piece of it (marked by the tokens around and inside it), and name no Go
+// field; and a config they return passes the constructors' validation (a
+// URL's mistakes are reported by the URL parser, naming the parameter).
 func FuzzParseURL(f *testing.F) {
 	f.Add("alice", "12345?S3CRET", "h1:9092/orders?group=g")
 	f.Add("alice", "s/ecret", "h1:9092,h2:9092/orders?group=g&tiers=1m,10m&sasl=plain")
@@ -116,6 +119,8 @@ func FuzzParseURL(f *testing.F) {
 	f.Add("", "", "h:9092/t?tls_ca=/nonexistent&tls=false")
 	f.Add("u", "x&y=z", "h:9092/t?group=g&poll_batch=-1&fetch_max_bytes=99999999999")
 	f.Add("u", "a%zz", "h:9092/t?revoke_timeout=-1&commit_interval=1x")
+	f.Add("u", "p", "h:9092/t?group=g&session_timeout=6s&rebalance_timeout=12s&heartbeat_interval=500ms&revoke_timeout=11s")
+	f.Add("u", "p", "h:9092/t.a?group=g&tiers=1s,1m&retry_prefix=t_a.&dlq=t_a.1s&start=LATEST")
 	f.Fuzz(func(t *testing.T, user, pass, rest string) {
 		const a, b, c = "Pw1q", "Qx7K", "Zr5m" // tokens no error text holds
 		for _, s := range []string{user, pass, rest} {
@@ -130,14 +135,31 @@ func FuzzParseURL(f *testing.F) {
 		if err != nil {
 			return // adapters.Open refuses it without showing it
 		}
-		parseSink := func(u *url.URL) (any, error) { return ParseSinkURL(u) }
-		parseSource := func(u *url.URL) (any, error) { return ParseURL(u) }
-		for _, parse := range []func(*url.URL) (any, error){parseSource, parseSink} {
-			_, err := parse(u)
+		parseSink := func(u *url.URL) error {
+			cfg, err := ParseSinkURL(u)
+			if err == nil {
+				cfg.ClientConfig = cfg.ClientConfig.withDefaults()
+				return cfg.ClientConfig.validate(fieldsOf("SinkConfig"), cfg.Topic)
+			}
+			return err
+		}
+		parseSource := func(u *url.URL) error {
+			cfg, err := ParseURL(u)
+			if err == nil {
+				cfg.Group = cmp.Or(cfg.Group, "g") // required only to open a source
+				return cfg.withDefaults().validate()
+			}
+			return err
+		}
+		for _, parse := range []func(*url.URL) error{parseSource, parseSink} {
+			err := parse(u)
 			if err == nil {
 				continue
 			}
 			msg := err.Error()
+			if strings.Contains(msg, "Config.") {
+				t.Fatalf("%s: %v: a URL's error names a Go field", raw, err)
+			}
 			for _, tok := range []string{a, b, c} {
 				if strings.Contains(msg, tok) {
 					t.Fatalf("%s: error shows part of the password: %v", raw, err)

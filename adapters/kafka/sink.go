@@ -43,7 +43,7 @@ var _ adapters.Sink = (*Sink)(nil)
 // would compress under it is refused too.
 func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 	cfg.ClientConfig = cfg.ClientConfig.withDefaults()
-	if err := cfg.ClientConfig.validate("SinkConfig", cfg.Topic); err != nil {
+	if err := cfg.ClientConfig.validate(fieldsOf("SinkConfig"), cfg.Topic); err != nil {
 		return nil, err
 	}
 	limits := new(batchLimits)
@@ -55,7 +55,7 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 		limits.opt(),
 	)
 	opts = append(opts, cfg.Options...)
-	cl, err := newClient(ctx, "SinkConfig", cfg.Brokers, opts, nil)
+	cl, err := newClient(ctx, cfg.optionsName("SinkConfig"), cfg.Brokers, opts, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -63,16 +63,16 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 	return &Sink{cfg: cfg, cl: cl, closeFlushTimeout: 30 * time.Second}, nil
 }
 
-// newClient makes the client of the config named cfg and returns it once
-// one of brokers answered. Options come last, so they could weaken the
+// newClient makes the client and returns it once one of brokers answered;
+// optionsName names the config's Options in errors. Options come last, so they could weaken the
 // guarantees the adapter documents: it refuses those weakerProduce reports,
 // and those check (when not nil) reports, rather than produce with fewer.
-func newClient(ctx context.Context, cfg string, brokers []string, opts []kgo.Opt, check func(*kgo.Client) error) (*kgo.Client, error) {
+func newClient(ctx context.Context, optionsName string, brokers []string, opts []kgo.Opt, check func(*kgo.Client) error) (*kgo.Client, error) {
 	cl, err := kgo.NewClient(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka: new client: %w", err)
 	}
-	err = weakerProduce(cfg, cl)
+	err = weakerProduce(optionsName, cl)
 	if err == nil && check != nil {
 		err = check(cl)
 	}
@@ -88,16 +88,16 @@ func newClient(ctx context.Context, cfg string, brokers []string, opts []kgo.Opt
 	return cl, nil
 }
 
-// weakerProduce reports Options (of the config named cfg) that turned off
+// weakerProduce reports Options (named optionsName in errors) that turned off
 // idempotent writes or acks=all: the sink publishes, and the sources move
 // records to retry and dead-letter topics, with both, confirmed before an
 // offset is committed past.
-func weakerProduce(cfg string, cl *kgo.Client) error {
+func weakerProduce(optionsName string, cl *kgo.Client) error {
 	if off, _ := cl.OptValue(kgo.DisableIdempotentWrite).(bool); off {
-		return fmt.Errorf("kafka: %s.Options disable idempotent writes: records are produced idempotently, with acks=all", cfg)
+		return fmt.Errorf("kafka: %s disable idempotent writes: records are produced idempotently, with acks=all", optionsName)
 	}
 	if acks, ok := cl.OptValue(kgo.RequiredAcks).(kgo.Acks); ok && acks != kgo.AllISRAcks() {
-		return fmt.Errorf("kafka: %s.Options set acks other than all: records are produced idempotently, with acks=all", cfg)
+		return fmt.Errorf("kafka: %s set acks other than all: records are produced idempotently, with acks=all", optionsName)
 	}
 	return nil
 }

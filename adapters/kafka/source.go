@@ -138,7 +138,7 @@ func NewSource(ctx context.Context, cfg SourceConfig) (*Source, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if err := refuseCommitOptions("SourceConfig", cfg.Options, true); err != nil {
+	if err := refuseCommitOptions(cfg.optionsName("SourceConfig"), cfg.Options, true); err != nil {
 		return nil, err
 	}
 	s := &Source{
@@ -168,7 +168,7 @@ func NewSource(ctx context.Context, cfg SourceConfig) (*Source, error) {
 	}
 	limits := new(batchLimits) // of the retry and dead-letter topics
 	s.limits = limits
-	opts := append(cfg.consume().opts(),
+	opts := append(cfg.consume(nil).opts(),
 		limits.opt(),
 		kgo.ConsumerGroup(cfg.Group),
 		kgo.ConsumeTopics(topics...),
@@ -184,6 +184,7 @@ func NewSource(ctx context.Context, cfg SourceConfig) (*Source, error) {
 		kgo.OnPartitionsLost(s.onLost),
 		kgo.BlockRebalanceOnPoll(), // see poll
 	)
+	opts = append(opts, cfg.groupOpts()...)
 	if cfg.StartOffset == "latest" {
 		main := cfg.Topic
 		opts = append(opts, kgo.AdjustFetchOffsetsFn(func(_ context.Context, offs map[string]map[int32]kgo.Offset) (map[string]map[int32]kgo.Offset, error) {
@@ -209,7 +210,7 @@ func NewSource(ctx context.Context, cfg SourceConfig) (*Source, error) {
 	// commit is refused and what was settled meanwhile is redelivered.
 	revokeFits := func(cl *kgo.Client) error {
 		if rt, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && cfg.RevokeTimeout >= rt {
-			return fmt.Errorf("kafka: SourceConfig.RevokeTimeout = %v (revoke_timeout in a URL): must be below the group's rebalance timeout %v (kgo.RebalanceTimeout), or a slow handler gets the member evicted", cfg.RevokeTimeout, rt)
+			return fmt.Errorf("kafka: SourceConfig.RevokeTimeout = %v (revoke_timeout in a URL): must be below the group's rebalance timeout %v (SourceConfig.RebalanceTimeout, rebalance_timeout in a URL, or kgo.RebalanceTimeout), or a slow handler gets the member evicted", cfg.RevokeTimeout, rt)
 		}
 		return nil
 	}

@@ -49,7 +49,7 @@ type TransactConfig struct {
 }
 
 func (c TransactConfig) consume() consumeFields {
-	return consumeFields{"TransactConfig", c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
+	return consumeFields{fieldsOf("TransactConfig"), c.ClientConfig, c.Topic, c.Group, c.StartOffset, c.PollBatch, c.FetchMaxBytes, c.FetchMaxPartitionBytes}
 }
 
 // Output is one record a [Transform] emits.
@@ -174,7 +174,7 @@ func NewTransactSession(ctx context.Context, cfg TransactConfig) (*TransactSessi
 	if cfg.TransactionalID == "" {
 		return nil, errors.New("kafka: TransactConfig.TransactionalID is empty")
 	}
-	if err := refuseCommitOptions("TransactConfig", cfg.Options, false); err != nil {
+	if err := refuseCommitOptions(cfg.optionsName("TransactConfig"), cfg.Options, false); err != nil {
 		return nil, err
 	}
 	start := kgo.NewOffset().AtStart()

@@ -272,7 +272,8 @@ func TestCreateTopicsRejectsBadChain(t *testing.T) {
 func TestParseSinkURLRefusesSourceParameters(t *testing.T) {
 	t.Parallel()
 	for _, k := range []string{"group=g", "tiers=1m", "retry_prefix=r.", "dlq=orders.dead", "commit_interval=1s", "revoke_timeout=1s",
-		"start=latest", "poll_batch=10", "fetch_max_bytes=1024", "fetch_max_partition_bytes=1024"} {
+		"start=latest", "poll_batch=10", "fetch_max_bytes=1024", "fetch_max_partition_bytes=1024",
+		"session_timeout=10s", "rebalance_timeout=20s", "heartbeat_interval=1s"} {
 		raw := "kafka://alice:s3cret@h1:9092/orders?sasl=plain&" + k
 		u, err := url.Parse(raw)
 		if err != nil {
@@ -282,7 +283,7 @@ func TestParseSinkURLRefusesSourceParameters(t *testing.T) {
 			t.Errorf("ParseURL %s: %v", k, err)
 		}
 		name, _, _ := strings.Cut(k, "=")
-		want := fmt.Sprintf("parameter %q applies to sources only", name)
+		want := fmt.Sprintf("URL parameter %q is for a source; a sink URL does not take it", name)
 		_, err = ParseSinkURL(u)
 		if err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("ParseSinkURL %s: %v, want an error containing %q (and no password)", k, err, want)

@@ -1,36 +1,42 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"fmt"
-	"io"
 	"net/url"
-	"os"
-	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/internal/urlparam"
 )
 
 func init() {
 	adapters.Register("kafka", adapters.Opener{
-		OpenSource: func(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Source, error) {
-			cfg, err := ParseURL(u)
+		OpenSource: func(ctx context.Context, u *url.URL, o adapters.OpenOptions) (adapters.Source, error) {
+			cfg, q, err := parseSourceURL(u)
+			if err == nil && !q.Require("group", "a source needs one") {
+				err = q.Err()
+			}
+			if err == nil {
+				err = withOpenOptions(&cfg.ClientConfig, q, o)
+			}
 			if err != nil {
 				return nil, err
 			}
 			return NewSource(ctx, cfg)
 		},
-		OpenSink: func(ctx context.Context, u *url.URL, _ adapters.OpenOptions) (adapters.Sink, error) {
-			cfg, err := ParseSinkURL(u)
+		OpenSink: func(ctx context.Context, u *url.URL, o adapters.OpenOptions) (adapters.Sink, error) {
+			cfg, q, err := parseSinkURL(u)
+			if err == nil {
+				err = withOpenOptions(&cfg.ClientConfig, q, o)
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -39,263 +45,276 @@ func init() {
 	})
 }
 
+// urlParams are the query parameters of a kafka:// URL, each for a source,
+// a sink or both: any other is an error, and so is a source's on a sink URL.
+var urlParams = func() *urlparam.Table {
+	ps := []urlparam.Param{
+		{Name: "group", Side: urlparam.Source, Type: "string", Doc: "the consumer group (required to open a source)"},
+		{Name: "tiers", Side: urlparam.Source, Type: "list of durations", Doc: "retry tiers, e.g. `1m,10m`: turns on retry topics (SourceConfig.RetryTiers)"},
+		{Name: "retry_prefix", Side: urlparam.Source, Type: "string", Doc: "retry topics are named `<retry_prefix><tier>` instead of `<topic>.retry.<tier>`"},
+		{Name: "dlq", Side: urlparam.Source, Type: "string", Doc: "the dead-letter topic (default `<topic>.dlq`)"},
+		{Name: "commit_interval", Side: urlparam.Source, Type: "duration", Doc: "SourceConfig.CommitInterval (default 200ms)"},
+		{Name: "revoke_timeout", Side: urlparam.Source, Type: "duration or -1", Doc: "SourceConfig.RevokeTimeout (default 10s; -1: do not wait)"},
+		{Name: "session_timeout", Side: urlparam.Source, Type: "duration", Doc: "the group session timeout, SourceConfig.SessionTimeout (default 45s)"},
+		{Name: "rebalance_timeout", Side: urlparam.Source, Type: "duration", Doc: "the group rebalance timeout, SourceConfig.RebalanceTimeout (default 60s); above revoke_timeout"},
+		{Name: "heartbeat_interval", Side: urlparam.Source, Type: "duration", Doc: "the group heartbeat interval, SourceConfig.HeartbeatInterval (default 3s)"},
+		{Name: "poll_batch", Side: urlparam.Source, Type: "int", Doc: "SourceConfig.PollBatch (default 0: whole fetches)"},
+		{Name: "fetch_max_bytes", Side: urlparam.Source, Type: "int", Doc: "SourceConfig.FetchMaxBytes (default 0: the client's, 50 MiB)"},
+		{Name: "fetch_max_partition_bytes", Side: urlparam.Source, Type: "int", Doc: "SourceConfig.FetchMaxPartitionBytes (default 0: the client's, 1 MiB)"},
+		{Name: "start", Side: urlparam.Source, Type: "one of earliest, latest", Doc: "where a group with no commit starts (default earliest)"},
+		{Name: "client_id", Side: urlparam.Both, Type: "string", Doc: "the Kafka client ID (default ackwise)"},
+		{Name: "tls", Side: urlparam.Both, Type: "bool", Doc: "true: dial with TLS (any `tls_*` parameter does too; false beside one is an error)"},
+	}
+	ps = append(ps, urlparam.TLSParams()...)
+	ps = append(ps, urlparam.Param{Name: "sasl", Side: urlparam.Both, Type: "one of plain, scram-sha-256, scram-sha-512",
+		Doc: "authenticate with the user and password of the URL (a user needs it)"})
+	t := urlparam.NewTable("kafka", ps...)
+	t.Schemes = []string{"kafka"}
+	t.NeedHost = true
+	t.Form = "kafka://host:9092/topic"
+	return t
+}()
+
+// urlNames name a SourceConfig's fields as the URL gives them, for the
+// validation of a parsed URL.
+func urlNames(field string) string {
+	switch field {
+	case "Brokers":
+		return "URL brokers"
+	case "Topic":
+		return "URL topic (the path)"
+	}
+	if p, ok := urlFields[field]; ok {
+		return fmt.Sprintf("URL parameter %q", p)
+	}
+	return "URL " + field // not settable by URL: its default
+}
+
+// urlFields are the URL parameters of SourceConfig's fields.
+var urlFields = map[string]string{
+	"Group": "group", "RetryTiers": "tiers", "RetryTopic": "retry_prefix", "DeadLetterTopic": "dlq",
+	"CommitInterval": "commit_interval", "RevokeTimeout": "revoke_timeout", "SessionTimeout": "session_timeout",
+	"RebalanceTimeout": "rebalance_timeout", "HeartbeatInterval": "heartbeat_interval", "PollBatch": "poll_batch",
+	"FetchMaxBytes": "fetch_max_bytes", "FetchMaxPartitionBytes": "fetch_max_partition_bytes", "StartOffset": "start",
+}
+
 // ParseURL reads a SourceConfig from a kafka:// URL:
 //
 //	kafka://[user:password@]host:9092[,host2:9092]/topic?group=g&tiers=1m,10m&dlq=orders.dlq
 //
-// Query parameters:
-//   - group: the consumer group (required to open a source);
-//   - tiers: retry tiers, comma-separated Go durations (turns on retry topics);
-//   - retry_prefix: retry topics are named <retry_prefix><tier> instead of
-//     <topic>.retry.<tier>;
-//   - dlq: the dead-letter topic (default <topic>.dlq);
-//   - commit_interval, revoke_timeout: Go durations (revoke_timeout=-1: do
-//     not wait, as in SourceConfig);
-//   - poll_batch, fetch_max_bytes, fetch_max_partition_bytes:
+// Query parameters (S: a source's, refused on a sink URL; S+S: both):
+//   - group (S): the consumer group (required to open a source, not to
+//     name the topics of its chain for CreateTopics);
+//   - tiers (S): retry tiers, comma-separated Go durations (turns on retry
+//     topics);
+//   - retry_prefix (S): retry topics are named <retry_prefix><tier> instead
+//     of <topic>.retry.<tier>;
+//   - dlq (S): the dead-letter topic (default <topic>.dlq);
+//   - commit_interval, revoke_timeout (S): Go durations (revoke_timeout=-1:
+//     do not wait, as in SourceConfig);
+//   - session_timeout, rebalance_timeout, heartbeat_interval (S): the
+//     group's timeouts, Go durations (SourceConfig.SessionTimeout,
+//     RebalanceTimeout, HeartbeatInterval);
+//   - poll_batch, fetch_max_bytes, fetch_max_partition_bytes (S):
 //     SourceConfig.PollBatch, FetchMaxBytes and FetchMaxPartitionBytes;
-//   - start: earliest (default) or latest;
-//   - client_id;
-//   - tls: true to dial with TLS; tls_ca (PEM file of CAs to trust),
+//   - start (S): earliest (default) or latest;
+//   - client_id (S+S);
+//   - tls (S+S): true to dial with TLS; tls_ca (PEM file of CAs to trust),
 //     tls_cert and tls_key (PEM files of a client certificate),
-//     tls_server_name, tls_insecure_skip_verify=true (tests only): any of
-//     these turns TLS on, and is an error beside tls=false; the PEM files
+//     tls_server_name, tls_insecure_skip_verify=true (tests only) (S+S): any
+//     of these turns TLS on, and is an error beside tls=false; the PEM files
 //     must be regular files of at most 1 MiB;
-//   - sasl: plain, scram-sha-256 or scram-sha-512, with the user and
+//   - sasl (S+S): plain, scram-sha-256 or scram-sha-512, with the user and
 //     password from the URL's user info.
 //
 // An unknown, repeated or empty parameter is an error, and so are a malformed
-// query (a ';' separator, a bad %-escape) and a user without sasl. Errors name the bad parameter
-// and never contain the password.
+// query (a ';' separator, a bad %-escape), a user without sasl, and values
+// the source would refuse (a bad topic name, tiers given twice). Errors
+// name the URL parameter (never a Go field) and never contain the
+// password.
 //
-// A sink uses only the brokers, the topic, client_id, tls* and sasl: parse
-// a sink's URL with [ParseSinkURL], which refuses the others.
+// Opened by URL ([adapters.OpenSource], [adapters.OpenSink]), the kafka
+// scheme takes these options: [adapters.WithLogger] (ClientConfig.Logger:
+// the adapter's logs and franz-go's), [adapters.WithMeterProvider] and
+// [adapters.WithTracerProvider] (ClientConfig.MeterProvider and
+// TracerProvider: franz-go's metrics and spans, see there),
+// [adapters.WithTLSConfig] (ClientConfig.TLS: TLS with that config; the URL
+// must then give no tls parameter, not even tls=true: a *tls.Config holds
+// all they would set, and rather than pick one, an error names both) and
+// [WithClientOptions] (ClientConfig.Options). An adapter option of another
+// adapter is refused (adapters.ErrUnsupportedOption).
 func ParseURL(u *url.URL) (SourceConfig, error) {
-	var cfg SourceConfig
-	if u.Scheme != "kafka" {
-		return cfg, fmt.Errorf("kafka: URL %s: scheme must be kafka", adapters.RedactURL(u))
+	cfg, _, err := parseSourceURL(u)
+	return cfg, err
+}
+
+// parseSourceURL is ParseURL, returning the URL's query too.
+func parseSourceURL(u *url.URL) (SourceConfig, *urlparam.Query, error) {
+	q, err := parseKafkaURL(u, urlparam.Source)
+	if err != nil {
+		return SourceConfig{}, nil, err
 	}
-	if u.Host == "" {
-		return cfg, fmt.Errorf("kafka: URL %s: no brokers (want kafka://host:9092/topic)", adapters.RedactURL(u))
+	cfg := SourceConfig{ClientConfig: clientFromURL(q)}
+	cfg.Topic = topicOf(u)
+	q.String(&cfg.Group, "group")
+	q.String(&cfg.DeadLetterTopic, "dlq")
+	q.Durations(&cfg.RetryTiers, "tiers", 1, urlparam.MaxDuration)
+	var prefix string
+	if q.String(&prefix, "retry_prefix") {
+		cfg.RetryTopic = func(_ string, tier time.Duration) string { return prefix + FormatTier(tier) }
 	}
-	if err := adapters.RefuseMisplacedUserInfo("kafka", u); err != nil {
-		return cfg, err
+	q.Duration(&cfg.CommitInterval, "commit_interval", 0, urlparam.MaxDuration)
+	q.Duration(&cfg.RevokeTimeout, "revoke_timeout", -1, urlparam.MaxDuration)
+	q.Duration(&cfg.SessionTimeout, "session_timeout", 0, urlparam.MaxDuration)
+	q.Duration(&cfg.RebalanceTimeout, "rebalance_timeout", 0, urlparam.MaxDuration)
+	q.Duration(&cfg.HeartbeatInterval, "heartbeat_interval", 0, urlparam.MaxDuration)
+	urlparam.Int(q, &cfg.PollBatch, "poll_batch", 0, 1<<31-1)
+	urlparam.Int(q, &cfg.FetchMaxBytes, "fetch_max_bytes", 0, 1<<31-1)
+	urlparam.Int(q, &cfg.FetchMaxPartitionBytes, "fetch_max_partition_bytes", 0, 1<<31-1)
+	urlparam.Enum(q, &cfg.StartOffset, "start", "earliest", "latest")
+	if err := q.Err(); err != nil {
+		return SourceConfig{}, nil, err
+	}
+	// The group is required to open a source (the opener requires
+	// group=), not to name a chain of topics (CreateTopics).
+	v := cfg.withDefaults()
+	v.Group = cmp.Or(v.Group, "unchecked")
+	if err := v.check(urlNames); err != nil {
+		return SourceConfig{}, nil, badURL{err}
+	}
+	return cfg, q, nil
+}
+
+// ParseSinkURL is ParseURL for a sink ([adapters.OpenSink] uses it): it
+// takes only the brokers, the topic, client_id, tls* and sasl; a source's
+// parameter is an error naming it, rather than ignored by NewSink.
+func ParseSinkURL(u *url.URL) (SinkConfig, error) {
+	cfg, _, err := parseSinkURL(u)
+	return cfg, err
+}
+
+// parseSinkURL is ParseSinkURL, returning the URL's query too.
+func parseSinkURL(u *url.URL) (SinkConfig, *urlparam.Query, error) {
+	q, err := parseKafkaURL(u, urlparam.Sink)
+	if err != nil {
+		return SinkConfig{}, nil, err
+	}
+	cfg := SinkConfig{ClientConfig: clientFromURL(q), Topic: topicOf(u)}
+	if err := q.Err(); err != nil {
+		return SinkConfig{}, nil, err
+	}
+	if err := cfg.ClientConfig.validate(urlNames, cfg.Topic); err != nil {
+		return SinkConfig{}, nil, badURL{err}
+	}
+	return cfg, q, nil
+}
+
+// parseKafkaURL reads u's query for side, once the URL as a whole is a
+// kafka URL with a topic.
+func parseKafkaURL(u *url.URL, side urlparam.Side) (*urlparam.Query, error) {
+	q, err := urlParams.Parse(u, side)
+	if err != nil {
+		return nil, err
 	}
 	if strings.Contains(u.Path, "@") {
 		// A topic cannot hold '@' (not even as %40): a password cut
 		// short, most likely. Do not echo it.
-		return cfg, fmt.Errorf("kafka: %w", adapters.ErrMisplacedUserInfo)
+		return nil, &urlparam.Error{Adapter: "kafka", Err: adapters.ErrMisplacedUserInfo}
 	}
-	cfg.Brokers = strings.Split(u.Host, ",")
-	cfg.Topic = strings.TrimPrefix(u.Path, "/")
-	if cfg.Topic == "" {
-		return cfg, fmt.Errorf("kafka: URL %s: no topic in the path", adapters.RedactURL(u))
+	if topicOf(u) == "" {
+		return nil, &urlparam.Error{Adapter: "kafka", Reason: fmt.Sprintf("%s has no topic in the path (want %s)", adapters.RedactURL(u), urlParams.Form)}
 	}
-	// Not u.Query(): it drops the pairs it cannot parse (a ';' separator, a
-	// bad %-escape), which would leave a parameter silently unset.
-	q, err := url.ParseQuery(u.RawQuery)
-	if err != nil {
-		return cfg, fmt.Errorf("kafka: URL %s: malformed query: %v", adapters.RedactURL(u), err)
-	}
-	for k, v := range q {
-		if !urlParams[k] {
-			return cfg, fmt.Errorf("kafka: URL %s: unknown parameter %q", adapters.RedactURL(u), k)
-		}
-		if len(v) > 1 {
-			return cfg, fmt.Errorf("kafka: URL %s: parameter %q given %d times", adapters.RedactURL(u), k, len(v))
-		}
-		if v[0] == "" {
-			return cfg, fmt.Errorf("kafka: URL %s: parameter %q is empty: give a value or leave it out", adapters.RedactURL(u), k)
-		}
-	}
-	cfg.Group = q.Get("group")
-	cfg.DeadLetterTopic = q.Get("dlq")
-	cfg.ClientID = q.Get("client_id")
-	cfg.StartOffset = q.Get("start")
-	if v := q.Get("tiers"); v != "" {
-		for _, f := range strings.Split(v, ",") {
-			d, err := time.ParseDuration(strings.TrimSpace(f))
-			if err != nil {
-				return cfg, fmt.Errorf("kafka: URL parameter tiers = %q: %q is not a duration", v, f)
-			}
-			cfg.RetryTiers = append(cfg.RetryTiers, d)
-		}
-	}
-	if v := q.Get("retry_prefix"); v != "" {
-		cfg.RetryTopic = func(_ string, tier time.Duration) string { return v + FormatTier(tier) }
-	}
-	for name, dst := range map[string]*time.Duration{"commit_interval": &cfg.CommitInterval, "revoke_timeout": &cfg.RevokeTimeout} {
-		if v := q.Get(name); v != "" {
-			if name == "revoke_timeout" && v == "-1" {
-				*dst = -1 // do not wait, as in SourceConfig
-				continue
-			}
-			d, err := time.ParseDuration(v)
-			if err != nil {
-				return cfg, fmt.Errorf("kafka: URL parameter %s = %q: not a duration", name, v)
-			}
-			*dst = d
-		}
-	}
-	if v := q.Get("poll_batch"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			return cfg, fmt.Errorf("kafka: URL parameter poll_batch = %q: want a number of records (0: whole fetches)", v)
-		}
-		cfg.PollBatch = n
-	}
-	for name, dst := range map[string]*int32{"fetch_max_bytes": &cfg.FetchMaxBytes, "fetch_max_partition_bytes": &cfg.FetchMaxPartitionBytes} {
-		if v := q.Get(name); v != "" {
-			n, err := strconv.ParseInt(v, 10, 32)
-			if err != nil || n < 0 {
-				return cfg, fmt.Errorf("kafka: URL parameter %s = %q: want a number of bytes below 2^31 (0: the client's default)", name, v)
-			}
-			*dst = int32(n)
-		}
-	}
-	tlsCfg, err := tlsFromQuery(q)
-	if err != nil {
-		return cfg, err
-	}
-	cfg.TLS = tlsCfg
-	if mech := q.Get("sasl"); mech != "" {
-		user := u.User.Username()
-		pass, hasPass := u.User.Password()
-		if user == "" || !hasPass {
-			return cfg, fmt.Errorf("kafka: URL parameter sasl = %q needs a user and a password in the URL (kafka://user:password@host/...)", mech)
-		}
-		switch strings.ToLower(mech) {
-		case "plain":
-			cfg.SASL = plain.Auth{User: user, Pass: pass}.AsMechanism()
-		case "scram-sha-256":
-			cfg.SASL = scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()
-		case "scram-sha-512":
-			cfg.SASL = scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()
-		default:
-			return cfg, fmt.Errorf("kafka: URL parameter sasl = %q: want plain, scram-sha-256 or scram-sha-512", mech)
-		}
-	} else if u.User != nil {
-		return cfg, fmt.Errorf("kafka: URL %s has a user but no sasl parameter (plain, scram-sha-256 or scram-sha-512)", adapters.RedactURL(u))
-	}
-	return cfg, nil
+	return q, nil
 }
 
-// ParseSinkURL is ParseURL for a sink ([adapters.OpenSink] uses it): a
-// parameter only a source uses (group, tiers, retry_prefix, dlq,
-// commit_interval, revoke_timeout, start, poll_batch, fetch_max_bytes,
-// fetch_max_partition_bytes) is an error naming it, rather than ignored by
-// NewSink.
-func ParseSinkURL(u *url.URL) (SinkConfig, error) {
-	cfg, err := ParseURL(u)
-	if err != nil {
-		return SinkConfig{}, err
-	}
-	q, _ := url.ParseQuery(u.RawQuery) // ParseURL refused a malformed query
-	for _, k := range sourceOnlyParams {
-		if q.Has(k) {
-			return SinkConfig{}, fmt.Errorf("kafka: URL %s: parameter %q applies to sources only", adapters.RedactURL(u), k)
+// badURL is the error of a config read from a URL that its validation
+// refused: the text names the URL parameters (see urlNames), and it matches
+// urlparam.ErrParam as the parser's errors do.
+type badURL struct{ error }
+
+func (e badURL) Is(target error) bool { return target == urlparam.ErrParam }
+
+func (e badURL) Unwrap() error { return e.error }
+
+func topicOf(u *url.URL) string { return strings.TrimPrefix(u.Path, "/") }
+
+// clientFromURL reads the ClientConfig of q's URL: brokers, client_id, TLS
+// and SASL. An error is kept in q.
+func clientFromURL(q *urlparam.Query) ClientConfig {
+	u := q.URL()
+	c := ClientConfig{Brokers: strings.Split(u.Host, ",")}
+	q.String(&c.ClientID, "client_id")
+	var on bool
+	if q.Bool(&on, "tls") && !on {
+		if p := q.First(urlparam.TLSParamNames...); p != "" {
+			q.Fail(q.Misplaced(p, "is a TLS setting, and tls = false turns TLS off"))
 		}
 	}
-	return SinkConfig{ClientConfig: cfg.ClientConfig, Topic: cfg.Topic}, nil
+	c.TLS = q.TLS()
+	if on && c.TLS == nil && q.Err() == nil {
+		c.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	var mech string
+	if !q.String(&mech, "sasl") {
+		if u.User != nil {
+			q.Fail(q.Errorf("", "%s has a user but no sasl= parameter (plain, scram-sha-256 or scram-sha-512)", adapters.RedactURL(u)))
+		}
+		return c
+	}
+	user := u.User.Username()
+	pass, hasPass := u.User.Password()
+	if user == "" || !hasPass {
+		q.Fail(q.Errorf("sasl", "needs a user and a password in the URL (kafka://user:password@host/...)"))
+		return c
+	}
+	switch strings.ToLower(mech) {
+	case "plain":
+		c.SASL = plain.Auth{User: user, Pass: pass}.AsMechanism()
+	case "scram-sha-256":
+		c.SASL = scram.Auth{User: user, Pass: pass}.AsSha256Mechanism()
+	case "scram-sha-512":
+		c.SASL = scram.Auth{User: user, Pass: pass}.AsSha512Mechanism()
+	default:
+		q.Fail(q.Errorf("sasl", "want plain, scram-sha-256 or scram-sha-512"))
+	}
+	return c
 }
 
-// sourceOnlyParams are the parameters NewSink ignores.
-var sourceOnlyParams = []string{
-	"group", "tiers", "retry_prefix", "dlq", "commit_interval", "revoke_timeout", "start",
-	"poll_batch", "fetch_max_bytes", "fetch_max_partition_bytes",
+// withOpenOptions applies the options of a URL opening to c, the config
+// read from the URL whose query is q. It refuses an adapter option of
+// another adapter, and a TLS config beside the URL's own TLS parameters.
+func withOpenOptions(c *ClientConfig, q *urlparam.Query, o adapters.OpenOptions) error {
+	if err := o.CheckAdapterOptions("kafka", clientOptionsKey{}); err != nil {
+		return err
+	}
+	if o.TLS != nil {
+		if p := q.First(append([]string{"tls"}, urlparam.TLSParamNames...)...); p != "" {
+			return q.Misplaced(p, "is given with adapters.WithTLSConfig: give the TLS settings in one place (a *tls.Config holds all the URL's would set)")
+		}
+		c.TLS = o.TLS
+	}
+	if o.Logger != nil {
+		c.Logger = o.Logger
+	}
+	c.MeterProvider = o.MeterProvider
+	c.TracerProvider = o.TracerProvider
+	if v, ok := o.AdapterOption(clientOptionsKey{}); ok {
+		c.Options, c.optionsFrom = v.([]kgo.Opt), "kafka.WithClientOptions"
+	}
+	return nil
 }
 
-// urlParams are the query parameters ParseURL knows; any other is an error,
-// so that a misspelt one (tier=1m) is not silently ignored.
-var urlParams = map[string]bool{
-	"group": true, "tiers": true, "retry_prefix": true, "dlq": true, "commit_interval": true, "revoke_timeout": true,
-	"start": true, "client_id": true, "tls": true, "tls_ca": true, "tls_cert": true, "tls_key": true,
-	"tls_server_name": true, "tls_insecure_skip_verify": true, "sasl": true,
-	"poll_batch": true, "fetch_max_bytes": true, "fetch_max_partition_bytes": true,
-}
+// clientOptionsKey is the key of WithClientOptions's adapter option.
+type clientOptionsKey struct{}
 
-func tlsFromQuery(q url.Values) (*tls.Config, error) {
-	on, off := false, false
-	if v := q.Get("tls"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, fmt.Errorf("kafka: URL parameter tls = %q: want true or false", v)
-		}
-		on, off = b, !b
-	}
-	for _, k := range []string{"tls_ca", "tls_cert", "tls_key", "tls_server_name", "tls_insecure_skip_verify"} {
-		if q.Get(k) != "" {
-			if off {
-				return nil, fmt.Errorf("kafka: URL parameters tls = false and %s: a TLS setting with TLS turned off", k)
-			}
-			on = true // any TLS setting turns TLS on
-		}
-	}
-	if !on {
-		return nil, nil
-	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: q.Get("tls_server_name")}
-	if v := q.Get("tls_insecure_skip_verify"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return nil, fmt.Errorf("kafka: URL parameter tls_insecure_skip_verify = %q: want true or false", v)
-		}
-		c.InsecureSkipVerify = b
-	}
-	if f := q.Get("tls_ca"); f != "" {
-		pem, err := readPEM(f)
-		if err != nil {
-			return nil, fmt.Errorf("kafka: URL parameter tls_ca = %q: %w", f, err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("kafka: URL parameter tls_ca = %q: no PEM certificate in it", f)
-		}
-		c.RootCAs = pool
-	}
-	certF, keyF := q.Get("tls_cert"), q.Get("tls_key")
-	if (certF == "") != (keyF == "") {
-		return nil, fmt.Errorf("kafka: URL parameters tls_cert = %q and tls_key = %q: give both or neither", certF, keyF)
-	}
-	if certF != "" {
-		certPEM, err := readPEM(certF)
-		if err != nil {
-			return nil, fmt.Errorf("kafka: URL parameter tls_cert = %q: %w", certF, err)
-		}
-		keyPEM, err := readPEM(keyF)
-		if err != nil {
-			return nil, fmt.Errorf("kafka: URL parameter tls_key = %q: %w", keyF, err)
-		}
-		cert, err := tls.X509KeyPair(certPEM, keyPEM)
-		if err != nil {
-			return nil, fmt.Errorf("kafka: URL parameters tls_cert = %q, tls_key = %q: %w", certF, keyF, err)
-		}
-		c.Certificates = []tls.Certificate{cert}
-	}
-	return c, nil
-}
-
-// maxPEMBytes bounds a PEM file named in a URL.
-const maxPEMBytes = 1 << 20
-
-// readPEM reads the PEM file name, which must be a regular file of at most
-// maxPEMBytes: a URL naming a device or a pipe (/dev/zero, a FIFO) must not
-// make parsing it read for ever or wait for a writer.
-func readPEM(name string) ([]byte, error) {
-	f, err := os.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !st.Mode().IsRegular() {
-		return nil, errors.New("not a regular file")
-	}
-	b, err := io.ReadAll(io.LimitReader(f, maxPEMBytes+1))
-	if err == nil && len(b) > maxPEMBytes {
-		err = fmt.Errorf("larger than %d bytes", maxPEMBytes)
-	}
-	return b, err
+// WithClientOptions gives a source or sink opened by a kafka:// URL extra
+// franz-go options (ClientConfig.Options), applied after the adapter's own:
+// the session and rebalance timeouts of kgo have URL parameters too
+// (session_timeout, rebalance_timeout), which these override. Options
+// that turn auto-commit on, replace a source's partition callbacks, or turn
+// off idempotent writes or acks=all are refused when the source or sink
+// opens, as in ClientConfig.Options. A later WithClientOptions replaces an
+// earlier one.
+func WithClientOptions(opts ...kgo.Opt) adapters.OpenOption {
+	return adapters.WithAdapterOption(clientOptionsKey{}, append([]kgo.Opt(nil), opts...))
 }

@@ -61,7 +61,7 @@ func TestURLWithUserAndAtAfterHostNotShown(t *testing.T) {
 // tls_ca=/dev/zero read until memory ran out.
 func TestURLTLSFilesBounded(t *testing.T) {
 	big := filepath.Join(t.TempDir(), "big.pem")
-	if err := os.WriteFile(big, make([]byte, maxPEMBytes+1), 0o600); err != nil {
+	if err := os.WriteFile(big, make([]byte, 1<<20+1), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for _, q := range []string{
