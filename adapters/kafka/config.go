@@ -77,6 +77,10 @@ type ClientConfig struct {
 	// optionsFrom names where Options came from in errors, when not the
 	// config's own field: "kafka.WithClientOptions" for a URL's opener.
 	optionsFrom string
+	// urlTLS is the first TLS parameter of the URL the config was read
+	// from ("tls", "tls_ca", …), for the opener to refuse a TLS config
+	// beside it; "" when none.
+	urlTLS string
 }
 
 // SourceConfig configures a [Source] (NewSource) and names the topics of

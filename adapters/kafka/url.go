@@ -20,12 +20,12 @@ import (
 func init() {
 	adapters.Register("kafka", adapters.Opener{
 		OpenSource: func(ctx context.Context, u *url.URL, o adapters.OpenOptions) (adapters.Source, error) {
-			cfg, q, err := parseSourceURL(u)
-			if err == nil && !q.Require("group", "a source needs one") {
-				err = q.Err()
+			cfg, err := ParseURL(u)
+			if err == nil && cfg.Group == "" {
+				err = &urlparam.Error{Adapter: "kafka", Reason: "has no group= parameter; a source needs one"}
 			}
 			if err == nil {
-				err = withOpenOptions(&cfg.ClientConfig, q, o)
+				err = withOpenOptions(&cfg.ClientConfig, o)
 			}
 			if err != nil {
 				return nil, err
@@ -33,9 +33,9 @@ func init() {
 			return NewSource(ctx, cfg)
 		},
 		OpenSink: func(ctx context.Context, u *url.URL, o adapters.OpenOptions) (adapters.Sink, error) {
-			cfg, q, err := parseSinkURL(u)
+			cfg, err := ParseSinkURL(u)
 			if err == nil {
-				err = withOpenOptions(&cfg.ClientConfig, q, o)
+				err = withOpenOptions(&cfg.ClientConfig, o)
 			}
 			if err != nil {
 				return nil, err
@@ -144,15 +144,9 @@ var urlFields = map[string]string{
 // [WithClientOptions] (ClientConfig.Options). An adapter option of another
 // adapter is refused (adapters.ErrUnsupportedOption).
 func ParseURL(u *url.URL) (SourceConfig, error) {
-	cfg, _, err := parseSourceURL(u)
-	return cfg, err
-}
-
-// parseSourceURL is ParseURL, returning the URL's query too.
-func parseSourceURL(u *url.URL) (SourceConfig, *urlparam.Query, error) {
 	q, err := parseKafkaURL(u, urlparam.Source)
 	if err != nil {
-		return SourceConfig{}, nil, err
+		return SourceConfig{}, err
 	}
 	cfg := SourceConfig{ClientConfig: clientFromURL(q)}
 	cfg.Topic = topicOf(u)
@@ -173,40 +167,34 @@ func parseSourceURL(u *url.URL) (SourceConfig, *urlparam.Query, error) {
 	urlparam.Int(q, &cfg.FetchMaxPartitionBytes, "fetch_max_partition_bytes", 0, 1<<31-1)
 	urlparam.Enum(q, &cfg.StartOffset, "start", "earliest", "latest")
 	if err := q.Err(); err != nil {
-		return SourceConfig{}, nil, err
+		return SourceConfig{}, err
 	}
 	// The group is required to open a source (the opener requires
 	// group=), not to name a chain of topics (CreateTopics).
 	v := cfg.withDefaults()
 	v.Group = cmp.Or(v.Group, "unchecked")
 	if err := v.check(urlNames); err != nil {
-		return SourceConfig{}, nil, badURL{err}
+		return SourceConfig{}, badURL{err}
 	}
-	return cfg, q, nil
+	return cfg, nil
 }
 
 // ParseSinkURL is ParseURL for a sink ([adapters.OpenSink] uses it): it
 // takes only the brokers, the topic, client_id, tls* and sasl; a source's
 // parameter is an error naming it, rather than ignored by NewSink.
 func ParseSinkURL(u *url.URL) (SinkConfig, error) {
-	cfg, _, err := parseSinkURL(u)
-	return cfg, err
-}
-
-// parseSinkURL is ParseSinkURL, returning the URL's query too.
-func parseSinkURL(u *url.URL) (SinkConfig, *urlparam.Query, error) {
 	q, err := parseKafkaURL(u, urlparam.Sink)
 	if err != nil {
-		return SinkConfig{}, nil, err
+		return SinkConfig{}, err
 	}
 	cfg := SinkConfig{ClientConfig: clientFromURL(q), Topic: topicOf(u)}
 	if err := q.Err(); err != nil {
-		return SinkConfig{}, nil, err
+		return SinkConfig{}, err
 	}
 	if err := cfg.ClientConfig.validate(urlNames, cfg.Topic); err != nil {
-		return SinkConfig{}, nil, badURL{err}
+		return SinkConfig{}, badURL{err}
 	}
-	return cfg, q, nil
+	return cfg, nil
 }
 
 // parseKafkaURL reads u's query for side, once the URL as a whole is a
@@ -244,6 +232,7 @@ func clientFromURL(q *urlparam.Query) ClientConfig {
 	u := q.URL()
 	c := ClientConfig{Brokers: strings.Split(u.Host, ",")}
 	q.String(&c.ClientID, "client_id")
+	c.urlTLS = q.First(append([]string{"tls"}, urlparam.TLSParamNames...)...)
 	var on bool
 	if q.Bool(&on, "tls") && !on {
 		if p := q.First(urlparam.TLSParamNames...); p != "" {
@@ -281,15 +270,16 @@ func clientFromURL(q *urlparam.Query) ClientConfig {
 }
 
 // withOpenOptions applies the options of a URL opening to c, the config
-// read from the URL whose query is q. It refuses an adapter option of
-// another adapter, and a TLS config beside the URL's own TLS parameters.
-func withOpenOptions(c *ClientConfig, q *urlparam.Query, o adapters.OpenOptions) error {
+// read from the URL. It refuses an adapter option of another adapter, and a
+// TLS config beside the URL's own TLS parameters.
+func withOpenOptions(c *ClientConfig, o adapters.OpenOptions) error {
 	if err := o.CheckAdapterOptions("kafka", clientOptionsKey{}); err != nil {
 		return err
 	}
 	if o.TLS != nil {
-		if p := q.First(append([]string{"tls"}, urlparam.TLSParamNames...)...); p != "" {
-			return q.Misplaced(p, "is given with adapters.WithTLSConfig: give the TLS settings in one place (a *tls.Config holds all the URL's would set)")
+		if c.urlTLS != "" {
+			return &urlparam.Error{Adapter: "kafka", Param: c.urlTLS,
+				Reason: "is given with adapters.WithTLSConfig: give the TLS settings in one place (a *tls.Config holds all the URL's would set)"}
 		}
 		c.TLS = o.TLS
 	}
