@@ -151,6 +151,10 @@ type Source interface {
 //     source delivered, and ignore others;
 //   - one that changes Receive, Nack, DeadLetter, Release or ExtendLease
 //     keeps them all: none of the four stands in for those.
+//
+// dlq.Backlogger (a destination's depth, for dlq.Redrive and the CLI's dlq
+// stats) is not among them: the engine never asks for it; see its
+// documentation.
 type Extensions struct {
 	// Recycler takes back delivered messages for reuse.
 	Recycler Recycler

@@ -41,7 +41,16 @@ type RedriveSink interface {
 // back while it runs (into a consumer that still fails, whose dead letters
 // land behind the ones the run started with) are left for a later run.
 // Backlog may count messages another consumer holds; the run then ends
-// idle, a little earlier. It is called from Redrive's goroutine.
+// idle, a little earlier. It is called from Redrive's goroutine. The ackwise
+// CLI's dlq stats prints it as the destination's depth; a queue or topic
+// that does not exist is an error, never 0.
+//
+// Backlogger is not a field of adapters.Extensions, which declare the
+// engine's optional parts (read once by consumer.New): nothing in the
+// engine asks for a backlog, only the dlq tools do, of a source they
+// opened, and this package cannot name adapters.Extensions (adapters
+// imports dlq). A source declares it with a compile-time assertion next
+// to its type (var _ dlq.Backlogger = (*Source)(nil)).
 type Backlogger interface {
 	Backlog(ctx context.Context) (int, error)
 }

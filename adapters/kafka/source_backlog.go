@@ -32,6 +32,9 @@ func (s *Source) Backlog(ctx context.Context) (int, error) {
 	if err == nil {
 		err = ends.Error()
 	}
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		return 0, fmt.Errorf("kafka: backlog of %v: a topic does not exist: %w", topics, err)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("kafka: backlog of %v: list end offsets: %w", topics, err)
 	}

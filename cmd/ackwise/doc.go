@@ -15,6 +15,14 @@
 // source consumes the queue as it is, with no topology around it); RabbitMQ
 // URLs work as redrive targets too.
 //
+// stats prints the dead-letter destination's depth by the broker's own
+// count (dlq.Backlogger: RabbitMQ's queue message count, Kafka's end
+// offsets less the group's commits), then counts by reason, error class and
+// source, distinct event IDs and their copies, and the oldest dead letter's
+// age over a sample of up to -n messages whose size it states; a sample the
+// broker cut short (RabbitMQ's prefetch) says so. A queue or topic that
+// does not exist is an error (exit status 1), never an empty destination.
+//
 // inspect and stats receive dead letters and release every one of them
 // before they exit: they never consume. redrive moves dead letters back,
 // publishing each (payload, key, event ID and original headers unchanged,

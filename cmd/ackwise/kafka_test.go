@@ -26,18 +26,11 @@ const kafkaIdle = "3s"
 // with the CLI and reads the result back with a plain franz-go client.
 func TestKafkaRoundTrip(t *testing.T) {
 	t.Parallel()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	addr := strings.Join(c.ListenAddrs(), ",")
+	c, addr := kfakeCluster(t)
 	topic := fmt.Sprintf("orders-%d", time.Now().UnixNano())
 	ctx, cancel := context.WithTimeout(context.Background(), 45*time.Second)
 	defer cancel()
-	if err := kafka.CreateTopics(ctx, kafka.SourceConfig{ClientConfig: kafka.ClientConfig{Brokers: c.ListenAddrs()}, Topic: topic}, 1, 1); err != nil {
-		t.Fatal(err)
-	}
+	createTopic(t, ctx, c, topic, 1)
 	workURL := "kafka://" + addr + "/" + topic
 	deadURL := func(group string) string { return "kafka://" + addr + "/" + topic + ".dlq?group=" + group }
 
@@ -133,5 +126,25 @@ func TestKafkaRoundTrip(t *testing.T) {
 	code, out, errOut = ackwiseRun(t, "dlq", "inspect", deadURL("ops-redrive"), "-idle", kafkaIdle)
 	if code != exitOK || len(lines(out)) != 1 || !strings.HasPrefix(out, "e3 reason=max-attempts") {
 		t.Fatalf("inspect after redrive: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+}
+
+// kfakeCluster starts a kfake broker, closed when t ends, and returns it
+// with its address for a kafka:// URL.
+func kfakeCluster(t *testing.T) (*kfake.Cluster, string) {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c, strings.Join(c.ListenAddrs(), ",")
+}
+
+// createTopic creates topic on c with the given partitions.
+func createTopic(t *testing.T, ctx context.Context, c *kfake.Cluster, topic string, partitions int32) {
+	t.Helper()
+	if err := kafka.CreateTopics(ctx, kafka.SourceConfig{ClientConfig: kafka.ClientConfig{Brokers: c.ListenAddrs()}, Topic: topic}, partitions, 1); err != nil {
+		t.Fatal(err)
 	}
 }

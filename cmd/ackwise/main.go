@@ -234,17 +234,32 @@ func checkSample(c *command, n int, idle time.Duration) error {
 	return nil
 }
 
-// sample receives up to n messages from rawURL and releases them all.
-func sample(ctx context.Context, rawURL string, n int, idle time.Duration) (res dlq.InspectResult, err error) {
+// withSource opens rawURL, runs f on the source and closes it.
+func withSource(ctx context.Context, rawURL string, f func(src adapters.Source) error) (err error) {
 	src, err := openSource(ctx, rawURL)
 	if err != nil {
-		return res, err
+		return err
 	}
 	defer func() {
 		if cerr := src.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("close source %s: %w", redact(rawURL), cerr)
 		}
 	}()
+	return f(src)
+}
+
+// sample receives up to n messages from rawURL and releases them all.
+func sample(ctx context.Context, rawURL string, n int, idle time.Duration) (res dlq.InspectResult, err error) {
+	err = withSource(ctx, rawURL, func(src adapters.Source) error {
+		res, err = sampleFrom(ctx, src, rawURL, n, idle)
+		return err
+	})
+	return res, err
+}
+
+// sampleFrom receives up to n messages from src (opened from rawURL) and
+// releases them all.
+func sampleFrom(ctx context.Context, src adapters.Source, rawURL string, n int, idle time.Duration) (res dlq.InspectResult, err error) {
 	res, err = dlq.Inspect(ctx, src, dlq.InspectOptions{Max: n, IdleTimeout: idle})
 	if err != nil {
 		return res, fmt.Errorf("inspect %s: %w", redact(rawURL), err)
@@ -376,69 +391,6 @@ func letterJSON(l dlq.Letter) letterOut {
 		o.LastFailure = &e.LastFailure
 	}
 	return o
-}
-
-type statsOut struct {
-	Messages     int            `json:"messages"`
-	DeadLetters  int            `json:"dead_letters"`
-	NoEnvelope   int            `json:"no_envelope"`
-	ByReason     map[string]int `json:"by_reason"`
-	ByErrorClass map[string]int `json:"by_error_class"`
-	BySource     map[string]int `json:"by_source"`
-	OldestFirst  *time.Time     `json:"oldest_first_failure,omitempty"`
-	NewestLast   *time.Time     `json:"newest_last_failure,omitempty"`
-	Stop         string         `json:"stop"`
-}
-
-func cmdStats(ctx context.Context, args []string, stdout io.Writer) error {
-	c := newCommand("stats", "ackwise dlq stats <source-url> [-n 1000] [-json] [-idle 2s]")
-	a, err := parseSample(c, args, 1000, "print one JSON object")
-	if err != nil {
-		return err
-	}
-	res, err := sample(ctx, a.url, a.n, a.idle)
-	if err != nil {
-		return err
-	}
-	s := statsOut{Messages: len(res.Letters), ByReason: map[string]int{}, ByErrorClass: map[string]int{}, BySource: map[string]int{}, Stop: string(res.Stop)}
-	for _, l := range res.Letters {
-		if l.Err != nil {
-			s.NoEnvelope++
-			continue
-		}
-		e := l.Envelope
-		s.DeadLetters++
-		s.ByReason[cmp.Or(string(e.Reason), "-")]++
-		s.ByErrorClass[cmp.Or(e.ErrorClass, "-")]++
-		s.BySource[cmp.Or(e.Source, "-")]++
-		if f := e.FirstFailure; !f.IsZero() && (s.OldestFirst == nil || f.Before(*s.OldestFirst)) {
-			s.OldestFirst = &f
-		}
-		if f := e.LastFailure; !f.IsZero() && (s.NewestLast == nil || f.After(*s.NewestLast)) {
-			s.NewestLast = &f
-		}
-	}
-	if a.asJSON {
-		return json.NewEncoder(stdout).Encode(s)
-	}
-	fmt.Fprintf(stdout, "messages: %d (dead letters: %d, without envelope: %d)\n", s.Messages, s.DeadLetters, s.NoEnvelope)
-	for _, g := range []struct {
-		name   string
-		counts map[string]int
-	}{{"reason", s.ByReason}, {"error class", s.ByErrorClass}, {"source", s.BySource}} {
-		fmt.Fprintf(stdout, "by %s:\n", g.name)
-		for _, k := range byCount(g.counts) {
-			fmt.Fprintf(stdout, "  %-24s %d\n", field(k), g.counts[k])
-		}
-	}
-	if s.OldestFirst != nil {
-		fmt.Fprintf(stdout, "oldest first failure: %s\n", s.OldestFirst.UTC().Format(time.RFC3339))
-	}
-	if s.NewestLast != nil {
-		fmt.Fprintf(stdout, "newest last failure: %s\n", s.NewestLast.UTC().Format(time.RFC3339))
-	}
-	fmt.Fprintf(stdout, "stopped: %s\n", stopText(res.Stop, a.n, -1, a.idle))
-	return nil
 }
 
 // byCount returns m's keys, most frequent first, then by name.

@@ -146,6 +146,9 @@ func TestStats(t *testing.T) {
 		tb.add(t, fmt.Sprint("p", i), dlq.ReasonPermanent, ackwise.ClassPermanent, "bad")
 	}
 	tb.add(t, "m0", dlq.ReasonMaxAttempts, ackwise.ClassTransient, "timeout")
+	// p0 dead-lettered twice (a crash between the dead letter's confirm
+	// and the ack): one event, two copies.
+	tb.add(t, "p0", dlq.ReasonPermanent, ackwise.ClassPermanent, "bad")
 	memorytest.Publish(t, tb.b, tb.dead, memorytest.Msg("plain", "", "x"))
 
 	code, out, errOut := ackwiseRun(t, "dlq", "stats", "mem://"+tb.dead, "-idle", "100ms")
@@ -153,9 +156,12 @@ func TestStats(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 	for _, want := range []string{
-		"messages: 5 (dead letters: 4, without envelope: 1)",
-		"by reason:\n  permanent                3\n  max-attempts             1\n",
-		"by error class:\n  permanent                3\n  transient                1\n",
+		"depth: 6 (the broker's count)\n",
+		"sample: 6 messages (dead letters: 5, without envelope: 1)\n",
+		"event IDs: 5 distinct (copies: 1;",
+		"by reason:\n  permanent                4\n  max-attempts             1\n",
+		"by error class:\n  permanent                4\n  transient                1\n",
+		"oldest dead letter: written 2026-11-29T10:30:00Z (age ",
 		"stopped: idle",
 	} {
 		if !strings.Contains(out, want) {
@@ -167,10 +173,18 @@ func TestStats(t *testing.T) {
 	if err := json.Unmarshal([]byte(out), &s); err != nil || code != exitOK {
 		t.Fatalf("exit %d, %v in %q", code, err, out)
 	}
-	if s.Messages != 5 || s.ByReason["permanent"] != 3 || s.ByErrorClass["transient"] != 1 || s.BySource[tb.work] != 4 || s.NoEnvelope != 1 {
+	if s.Depth == nil || *s.Depth != 6 || s.Messages != 6 || s.SampleCutShort || s.DistinctEventIDs != 5 || s.Copies != 1 ||
+		s.ByReason["permanent"] != 4 || s.ByErrorClass["transient"] != 1 || s.BySource[tb.work] != 5 || s.NoEnvelope != 1 || s.OldestAgeSeconds == nil {
 		t.Fatalf("stats %+v", s)
 	}
-	tb.requireUntouched(t, 5)
+	tb.requireUntouched(t, 6)
+
+	// -n smaller than the depth: a sample of -n, not cut short.
+	code, out, _ = ackwiseRun(t, "dlq", "stats", "mem://"+tb.dead, "-idle", "100ms", "-n", "2")
+	if code != exitOK || !strings.Contains(out, "depth: 6 ") || !strings.Contains(out, "sample: 2 messages (dead letters: 2, without envelope: 0); 2 of 6 (-n 2)\n") {
+		t.Fatalf("exit %d, output:\n%s", code, out)
+	}
+	tb.requireUntouched(t, 6)
 }
 
 func TestRedrive(t *testing.T) {

@@ -41,16 +41,7 @@ func deadLettersSharingAnEventID(t *testing.T, params string) {
 	conn, queue := freshRabbitQueue(t, "ackwise-cli-dupid-")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ch.Close()
-	for _, q := range []string{queue, queue + ".dlq"} {
-		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	ch := declareQueues(t, conn, queue, queue+".dlq")
 	workURL := rabbitURL() + "/" + queue
 	deadURL := rabbitURL() + "/" + queue + ".dlq?plain=true" + params
 

@@ -164,3 +164,20 @@ func freshRabbitQueue(t *testing.T, prefix string) (*amqp.Connection, string) {
 	})
 	return conn, queue
 }
+
+// declareQueues opens a channel on conn, closed when t ends, and declares
+// the durable queues qs on it.
+func declareQueues(t *testing.T, conn *amqp.Connection, qs ...string) *amqp.Channel {
+	t.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ch.Close() })
+	for _, q := range qs {
+		if _, err := ch.QueueDeclare(q, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ch
+}
