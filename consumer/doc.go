@@ -40,4 +40,10 @@
 // classify → inbox (Config.Inbox) → user middleware (Config.Middleware) →
 // handler, so retries and dead-lettering can never be put in the wrong order
 // by accident.
+//
+// A service with several consumers runs them with a [Runner]: one
+// lifecycle (start together; SIGINT, SIGTERM or the context drains them
+// all, within a deadline; the first to stop on its own stops the others)
+// and liveness and readiness probes as an http.Handler (/healthz,
+// /readyz).
 package consumer
