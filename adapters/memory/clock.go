@@ -21,9 +21,10 @@ var VirtualStart = time.Date(2026, time.January, 1, 0, 0, 0, 0, time.UTC)
 // that reaches their deadline; each callback runs in its own goroutine, as
 // with time.AfterFunc. [VirtualClock.WaitForTimers] lets a test wait until the
 // code under test has scheduled its timers ("the engine scheduled its retry")
-// before advancing. The broker's own wake-up timers are not counted there: a
-// test waits for broker state with the broker's history instead (see
-// memorytest).
+// before advancing, and [VirtualClock.WaitForTimer] until the one timer it
+// expects is armed, whatever else is pending. The broker's own wake-up
+// timers are not counted there: a test waits for broker state with the
+// broker's history instead (see memorytest).
 //
 // All methods are safe for concurrent use.
 type VirtualClock struct {
@@ -117,9 +118,14 @@ func (c *VirtualClock) Pending() int {
 // is done, and returns ctx's error in the latter case. It waits on a
 // notification, not by polling.
 func (c *VirtualClock) WaitForTimers(ctx context.Context, n int) error {
+	return c.waitPending(ctx, func() bool { return len(c.pending) >= n })
+}
+
+// waitPending waits until ok, called with cmu held, holds, or ctx is done.
+func (c *VirtualClock) waitPending(ctx context.Context, ok func() bool) error {
 	for {
 		c.cmu.Lock()
-		if len(c.pending) >= n {
+		if ok() {
 			c.cmu.Unlock()
 			return nil
 		}
@@ -131,6 +137,27 @@ func (c *VirtualClock) WaitForTimers(ctx context.Context, n int) error {
 			return ctx.Err()
 		}
 	}
+}
+
+// WaitForTimer blocks until an AfterFunc timer is pending that fires d or
+// more after the clock's current time, or ctx is done (it then returns
+// ctx's error). It waits on a notification, not by polling.
+//
+// It lets a test wait for the timer it expects, such as the engine's retry
+// in place after ackwise.RetryAfter(err, d), without counting the other
+// timers that may be pending: the engine's lease heartbeat (every third of
+// a lease, armed when Run starts), a breaker probe. WaitForTimers(ctx, 1)
+// would return on those at once. Then Advance(d) fires it.
+func (c *VirtualClock) WaitForTimer(ctx context.Context, d time.Duration) error {
+	return c.waitPending(ctx, func() bool {
+		now := c.Now()
+		for vt := range c.pending {
+			if vt.at.Sub(now) >= d {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 func (c *VirtualClock) notifyLocked() {

@@ -99,3 +99,47 @@ func TestVirtualClockRetryPattern(t *testing.T) {
 		t.Fatalf("retried at %v", at)
 	}
 }
+
+// TestVirtualClockWaitForTimer: WaitForTimer waits for a timer that fires d
+// or more from now, whatever shorter timers are pending (a heartbeat), and
+// measures from the clock's current time.
+func TestVirtualClockWaitForTimer(t *testing.T) {
+	t.Parallel()
+	clk := memory.NewVirtualClock(time.Time{})
+	heartbeat := clk.AfterFunc(10*time.Second, func() {})
+	defer heartbeat.Stop()
+	short, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := clk.WaitForTimers(short, 1); err != nil {
+		t.Fatalf("WaitForTimers(1) = %v: the heartbeat alone satisfies a count", err)
+	}
+	if err := clk.WaitForTimer(short, time.Hour); err != context.DeadlineExceeded {
+		t.Fatalf("WaitForTimer(1h) with only a 10s timer pending = %v, want it to block", err)
+	}
+
+	ctx, cancel2 := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel2()
+	armed := make(chan struct{})
+	go func() {
+		<-armed
+		clk.AfterFunc(time.Hour, func() {})
+	}()
+	done := make(chan error, 1)
+	go func() { done <- clk.WaitForTimer(ctx, time.Hour) }()
+	close(armed)
+	if err := <-done; err != nil {
+		t.Fatalf("WaitForTimer(1h) = %v after a 1h timer was armed", err)
+	}
+
+	// Half an hour later the timer fires in 30m: it is not one of 1h any
+	// more, but is one of 30m.
+	clk.Advance(30 * time.Minute)
+	short2, cancel3 := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel3()
+	if err := clk.WaitForTimer(short2, time.Hour); err != context.DeadlineExceeded {
+		t.Fatalf("WaitForTimer(1h) 30m after arming = %v, want it to block", err)
+	}
+	if err := clk.WaitForTimer(ctx, 30*time.Minute); err != nil {
+		t.Fatalf("WaitForTimer(30m) = %v", err)
+	}
+}

@@ -18,7 +18,8 @@
 // RequireNotAcked, RequireNacked, RequireDeadLettered, RequireNotDeadLettered,
 // RequireDeliveries, RequireHandledInOrder, RequireCommitted and RequireEmpty
 // to assert; WaitForAcked, WaitForAckCount, WaitForDelivered, WaitForNacked,
-// WaitForDeadLettered, WaitForCommitted and the general WaitFor to wait;
+// WaitForDeadLettered, WaitForCommitted and the general WaitFor to wait
+// for the history, WaitForTimer for a timer of the virtual clock;
 // Events for the raw history of one message; Inject for a fault removed at
 // the end of the test; UniqueName for destination names.
 //

@@ -462,6 +462,20 @@ func WaitForCommitted(t testing.TB, b *memory.Broker, topic, group string, parti
 	}
 }
 
+// WaitForTimer waits until clk has a timer pending that fires d or more
+// from now (memory.VirtualClock.WaitForTimer): the timer the test expects,
+// such as the engine's retry in place after ackwise.RetryAfter(err, d),
+// however many other timers are pending (the engine's lease heartbeat).
+// It fails the test after DefaultTimeout.
+func WaitForTimer(t testing.TB, clk *memory.VirtualClock, d time.Duration) {
+	t.Helper()
+	ctx, cancel := timeout(t)
+	defer cancel()
+	if err := clk.WaitForTimer(ctx, d); err != nil {
+		t.Fatalf("memorytest: waiting for a timer of %v or more (%d timers pending): %v", d, clk.Pending(), err)
+	}
+}
+
 // Inject puts f in force on dest and removes it when the test ends. It fails
 // the test for an invalid fault.
 func Inject(t testing.TB, b *memory.Broker, dest string, f memory.Fault) *memory.InjectedFault {
