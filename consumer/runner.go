@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -31,7 +32,8 @@ type RunnerConfig struct {
 	DrainTimeout time.Duration
 	// IgnoreSignals makes Run stop only when its context ends or a
 	// consumer stops. By default SIGINT and SIGTERM stop it too
-	// (signal.NotifyContext, for as long as Run runs).
+	// (signal.NotifyContext, until the drain begins: a second signal while
+	// draining has its default action and ends the process at once).
 	IgnoreSignals bool
 	// Logger receives a line when a consumer stops on its own and when the
 	// drain deadline passes. Default: discard.
@@ -45,7 +47,8 @@ type RunnerConfig struct {
 // is what Run returns. Handler serves liveness and readiness probes.
 //
 // A Runner runs once. It does not close the consumers' sources: close
-// them after Run returned.
+// them after Run returned. Ready and Handler are safe for concurrent use
+// with Run.
 type Runner struct {
 	cfg       RunnerConfig
 	consumers []*Consumer
@@ -110,7 +113,7 @@ func NewRunner(cfg RunnerConfig, consumers ...*Consumer) (*Runner, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Runner{cfg: cfg, consumers: consumers, log: log, states: make([]consumerState, len(consumers))}, nil
+	return &Runner{cfg: cfg, consumers: slices.Clone(consumers), log: log, states: make([]consumerState, len(consumers))}, nil
 }
 
 // Run runs every consumer until ctx ends, SIGINT or SIGTERM arrives (unless
@@ -128,10 +131,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.phase = phaseRunning
 	r.mu.Unlock()
+	stopSignals := func() {}
 	if !r.cfg.IgnoreSignals {
-		var stop context.CancelFunc
-		ctx, stop = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-		defer stop()
+		ctx, stopSignals = signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+		defer stopSignals()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -157,6 +160,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	r.setPhase(phaseDraining)
 	cancel()
+	// A second signal while draining gets its default action: an operator
+	// who presses ^C twice ends the process at once.
+	stopSignals()
 
 	var deadline <-chan time.Time
 	if r.cfg.DrainTimeout > 0 {
