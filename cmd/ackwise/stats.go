@@ -130,7 +130,7 @@ func printStats(w io.Writer, s statsOut, stop dlq.StopReason, a sampleArgs) {
 	fmt.Fprintf(w, "sample: %d messages (dead letters: %d, without envelope: %d)", s.Messages, s.DeadLetters, s.NoEnvelope)
 	switch {
 	case s.SampleCutShort:
-		fmt.Fprintf(w, "; cut short: %d of %d, the broker delivered no more while the sample held them (RabbitMQ: its prefetch; raise it with ?prefetch=)", s.Messages, min(*s.Depth, a.n))
+		fmt.Fprintf(w, "; cut short: %d of %d, none came within -idle %v (RabbitMQ delivers no more than its prefetch, 128 unless the URL's ?prefetch= says more; else raise -idle)", s.Messages, min(*s.Depth, a.n), a.idle)
 	case s.Depth != nil && s.Messages < *s.Depth:
 		fmt.Fprintf(w, "; %d of %d (-n %d)", s.Messages, *s.Depth, a.n)
 	}
