@@ -1,0 +1,207 @@
+package sqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+)
+
+// MaxBatchBytes bounds the messages (bodies and attributes) of one
+// SendMessageBatch call: SQS's limit of the sum of a batch's message sizes
+// (256 KiB as documented when the adapter was written; a message larger
+// than it is sent alone).
+const MaxBatchBytes = 256 << 10
+
+// ErrTooLarge is wrapped (as a permanent error) by the publish error of a
+// message larger than the queue's MaximumMessageSize: it is not sent.
+var ErrTooLarge = errors.New("sqs: message larger than the queue's MaximumMessageSize")
+
+// ErrNoEventID is wrapped (as a permanent error) by the publish error of a
+// message without an event ID to a FIFO queue, whose deduplication ID is
+// the event ID: it is not sent.
+var ErrNoEventID = errors.New("sqs: a message to a FIFO queue needs an event ID (its deduplication ID)")
+
+// SinkConfig configures a Sink.
+type SinkConfig struct {
+	// QueueURL is the queue to send to. Required. A queue whose name ends
+	// in ".fifo" is a FIFO queue: each message's group is its key (its
+	// event ID without one) and its deduplication ID its event ID.
+	QueueURL string
+	// Connection says how to reach SQS (region, endpoint, TLS).
+	Connection
+}
+
+// Sink sends messages to one SQS queue with SendMessageBatch.
+type Sink struct {
+	client   *sqs.Client
+	queueURL string
+	name     string
+	fifo     bool
+	maxSize  int
+	closed   atomic.Bool
+}
+
+var _ adapters.Sink = (*Sink)(nil)
+
+// NewSink opens a sink on cfg.QueueURL. It reads the queue's
+// MaximumMessageSize, above which a message is refused before anything is
+// sent.
+func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
+	if err := checkQueueURL("SinkConfig.QueueURL", cfg.QueueURL); err != nil {
+		return nil, err
+	}
+	client, err := cfg.Connection.newClient(ctx, cfg.QueueURL)
+	if err != nil {
+		return nil, err
+	}
+	s := &Sink{client: client, queueURL: cfg.QueueURL, name: queueName(cfg.QueueURL), fifo: isFIFO(cfg.QueueURL)}
+	out, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(s.queueURL),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameMaximumMessageSize},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sqs: read the attributes of queue %s: %w", s.name, err)
+	}
+	s.maxSize, err = strconv.Atoi(out.Attributes[string(types.QueueAttributeNameMaximumMessageSize)])
+	if err != nil || s.maxSize <= 0 {
+		return nil, fmt.Errorf("sqs: queue %s has MaximumMessageSize %q", s.name, out.Attributes[string(types.QueueAttributeNameMaximumMessageSize)])
+	}
+	return s, nil
+}
+
+// entry is one message of a Publish call, ready to send.
+type entry struct {
+	i    int
+	e    types.SendMessageBatchRequestEntry
+	size int
+}
+
+// Publish sends msgs with SendMessageBatch calls of up to 10 messages and
+// MaxBatchBytes, one after the other in msgs' order, and reports per
+// message (*adapters.PublishError). Each message carries its event ID
+// (Message.EventID) as the ackwise-event-id attribute and its key as
+// ackwise-key; the hop headers are dropped. A message too large for the
+// queue, or without an event ID on a FIFO queue, fails alone before
+// anything is sent; an entry SQS refused as the sender's fault is
+// permanent.
+func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
+	if s.closed.Load() {
+		return adapters.ErrClosed
+	}
+	errs := make([]error, len(msgs))
+	var batch []entry
+	bytes := 0
+	for i, m := range msgs {
+		e, err := s.entry(i, m)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if len(batch) == maxBatch || len(batch) > 0 && bytes+e.size > MaxBatchBytes {
+			s.send(ctx, batch, errs)
+			batch, bytes = batch[:0], 0
+		}
+		batch = append(batch, e)
+		bytes += e.size
+	}
+	if len(batch) > 0 {
+		s.send(ctx, batch, errs)
+	}
+	return adapters.NewPublishError(errs)
+}
+
+// entry builds the batch entry of msgs[i], m.
+func (s *Sink) entry(i int, m *ackwise.Message) (entry, error) {
+	id := m.EventID()
+	h := make(ackwise.Headers, 0, len(m.Headers)+1)
+	if id != "" {
+		h = append(h, ackwise.Header{Key: ackwise.HeaderEventID, Value: id})
+	}
+	for _, kv := range m.Headers {
+		if kv.Key != ackwise.HeaderEventID {
+			h = append(h, kv)
+		}
+	}
+	body, enc := encodeBody(m.Payload)
+	attrs := encodeAttributes(m.Key, h, enc)
+	size := len(body)
+	for k, a := range attrs {
+		size += len(k) + len(aws.ToString(a.DataType)) + len(aws.ToString(a.StringValue)) + len(a.BinaryValue)
+	}
+	if size > s.maxSize {
+		return entry{}, ackwise.Permanent(fmt.Errorf("%w: %d bytes (body and attributes), %s takes %d", ErrTooLarge, size, s.name, s.maxSize))
+	}
+	e := entry{i: i, size: size, e: types.SendMessageBatchRequestEntry{
+		Id:                aws.String(strconv.Itoa(i)),
+		MessageBody:       aws.String(body),
+		MessageAttributes: attrs,
+	}}
+	if s.fifo {
+		if id == "" {
+			return entry{}, ackwise.Permanent(ErrNoEventID)
+		}
+		group := m.Key
+		if group == "" {
+			group = id
+		}
+		e.e.MessageGroupId, e.e.MessageDeduplicationId = aws.String(fifoID(group)), aws.String(fifoID(id))
+	}
+	return e, nil
+}
+
+// send sends batch with one call and sets errs of the entries that failed.
+func (s *Sink) send(ctx context.Context, batch []entry, errs []error) {
+	entries := make([]types.SendMessageBatchRequestEntry, len(batch))
+	byID := make(map[string]int, len(batch))
+	for k, e := range batch {
+		entries[k] = e.e
+		byID[aws.ToString(e.e.Id)] = e.i
+	}
+	out, err := s.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
+	if err != nil {
+		err = fmt.Errorf("sqs: send to %s: %w", s.name, err)
+		for _, e := range batch {
+			errs[e.i] = err
+		}
+		return
+	}
+	answered := make(map[int]bool, len(batch))
+	for _, ok := range out.Successful {
+		if i, found := byID[aws.ToString(ok.Id)]; found {
+			answered[i] = true
+		}
+	}
+	for _, f := range out.Failed {
+		i, found := byID[aws.ToString(f.Id)]
+		if !found {
+			continue
+		}
+		answered[i] = true
+		err := fmt.Errorf("sqs: send to %s: refused: %s: %s", s.name, aws.ToString(f.Code), aws.ToString(f.Message))
+		if f.SenderFault {
+			err = ackwise.Permanent(err)
+		}
+		errs[i] = err
+	}
+	for _, e := range batch {
+		if !answered[e.i] {
+			errs[e.i] = fmt.Errorf("sqs: send to %s: SendMessageBatch gave no result for the message; it may have been sent", s.name)
+		}
+	}
+}
+
+// Close makes later Publish calls fail with adapters.ErrClosed. Publish
+// returns only once SQS answered, so there is nothing to flush.
+func (s *Sink) Close() error {
+	s.closed.Store(true)
+	return nil
+}

@@ -1,0 +1,545 @@
+package sqs
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
+)
+
+// Defaults and limits of a Source.
+const (
+	// DefaultWaitTime is the long-poll wait of a receive (SQS's longest).
+	DefaultWaitTime = 20 * time.Second
+	// DefaultAckLinger is how long an ack waits for others to share its
+	// DeleteMessageBatch call.
+	DefaultAckLinger = 5 * time.Millisecond
+	// MaxVisibility is SQS's longest visibility timeout, and the longest a
+	// message stays invisible from the receive that delivered it: a lease
+	// extension or a Nack delay is cut to what is left of it.
+	MaxVisibility = 12 * time.Hour
+	// maxBatch is SQS's limit of entries in one batch call and of messages
+	// in one receive.
+	maxBatch = 10
+)
+
+// Config configures a Source.
+type Config struct {
+	// QueueURL is the queue to consume
+	// (https://sqs.us-east-2.amazonaws.com/123456789012/orders). Required.
+	QueueURL string
+	// DeadLetterQueueURL is the queue DeadLetter sends dead letters to
+	// (ackwise-managed dead letters). Empty: DeadLetter fails with an error
+	// wrapping errors.ErrUnsupported, and the message comes back after its
+	// visibility timeout (a RedrivePolicy on the queue may move it).
+	DeadLetterQueueURL string
+	// Connection says how to reach SQS (region, endpoint, TLS).
+	Connection
+	// WaitTime is the long-poll wait of a receive, whole seconds from 1s to
+	// 20s. Zero means DefaultWaitTime; -1 means short polling (a receive
+	// returns at once, and Receive calls again).
+	WaitTime time.Duration
+	// VisibilityTimeout is the lease each receive asks for, whole seconds
+	// from 1s to 12h. Zero means the queue's own VisibilityTimeout, read
+	// when the source opens (a queue whose timeout is 0 is refused).
+	VisibilityTimeout time.Duration
+	// AckLinger is how long an ack waits for others to share its
+	// DeleteMessageBatch call (up to 10 share one). Zero means
+	// DefaultAckLinger; -1 means no wait (acks waiting together still share
+	// a call).
+	AckLinger time.Duration
+	// Logger receives warnings; nil discards them.
+	Logger *slog.Logger
+}
+
+func (c Config) validate() error {
+	if err := checkQueueURL("Config.QueueURL", c.QueueURL); err != nil {
+		return err
+	}
+	if c.DeadLetterQueueURL != "" {
+		if err := checkQueueURL("Config.DeadLetterQueueURL", c.DeadLetterQueueURL); err != nil {
+			return err
+		}
+		if c.DeadLetterQueueURL == c.QueueURL {
+			return errors.New("sqs: Config.DeadLetterQueueURL is the queue itself")
+		}
+	}
+	switch w := c.WaitTime; {
+	case w == 0 || w == -1:
+	case w < time.Second || w > DefaultWaitTime || w%time.Second != 0:
+		return fmt.Errorf("sqs: Config.WaitTime = %v: want whole seconds from 1s to 20s, 0 (default %v) or -1 (short polling)", w, DefaultWaitTime)
+	}
+	if v := c.VisibilityTimeout; v != 0 && (v < time.Second || v > MaxVisibility || v%time.Second != 0) {
+		return fmt.Errorf("sqs: Config.VisibilityTimeout = %v: want whole seconds from 1s to 12h, or 0 (the queue's)", v)
+	}
+	if c.AckLinger < -1 {
+		return fmt.Errorf("sqs: Config.AckLinger = %v: want ≥ 0 (0: default %v) or -1 (none)", c.AckLinger, DefaultAckLinger)
+	}
+	return nil
+}
+
+// Source consumes one SQS queue. See the package doc for what it does
+// with each settle.
+type Source struct {
+	client   *sqs.Client
+	queueURL string
+	name     string
+	dlqURL   string
+	dlqFIFO  bool
+	fifo     bool
+	lease    time.Duration
+	margin   time.Duration
+	wait     int32
+	log      *slog.Logger
+	epoch    time.Time
+
+	stop   context.Context // done once Close began
+	cancel context.CancelFunc
+	closed atomic.Bool
+	once   sync.Once
+	acks   *deleter
+}
+
+var _ adapters.Source = (*Source)(nil)
+
+// NewSource opens a source on cfg.QueueURL. It reads the queue's
+// visibility timeout (the lease) and checks that the dead-letter queue, if
+// any, exists.
+func NewSource(ctx context.Context, cfg Config) (*Source, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	client, err := cfg.Connection.newClient(ctx, cfg.QueueURL)
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{
+		client:   client,
+		queueURL: cfg.QueueURL,
+		name:     queueName(cfg.QueueURL),
+		dlqURL:   cfg.DeadLetterQueueURL,
+		dlqFIFO:  isFIFO(cfg.DeadLetterQueueURL),
+		fifo:     isFIFO(cfg.QueueURL),
+		lease:    cfg.VisibilityTimeout,
+		log:      cfg.Logger,
+		epoch:    time.Now(),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	switch cfg.WaitTime {
+	case 0:
+		s.wait = int32(DefaultWaitTime / time.Second)
+	case -1:
+	default:
+		s.wait = int32(cfg.WaitTime / time.Second)
+	}
+	out, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(s.queueURL),
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameVisibilityTimeout},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("sqs: read the attributes of queue %s: %w", s.name, err)
+	}
+	if s.lease == 0 {
+		secs, err := strconv.Atoi(out.Attributes[string(types.QueueAttributeNameVisibilityTimeout)])
+		if err != nil || secs <= 0 {
+			return nil, fmt.Errorf("sqs: queue %s has VisibilityTimeout %q: a source needs a lease of at least 1s (set Config.VisibilityTimeout, URL parameter visibility)", s.name, out.Attributes[string(types.QueueAttributeNameVisibilityTimeout)])
+		}
+		s.lease = time.Duration(min(secs, int(MaxVisibility/time.Second))) * time.Second
+	}
+	s.margin = min(s.lease/10, time.Second)
+	if s.dlqURL != "" {
+		if _, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+			QueueUrl:       aws.String(s.dlqURL),
+			AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn},
+		}); err != nil {
+			return nil, fmt.Errorf("sqs: read the attributes of dead-letter queue %s: %w", queueName(s.dlqURL), err)
+		}
+	}
+	linger := cfg.AckLinger
+	switch linger {
+	case 0:
+		linger = DefaultAckLinger
+	case -1:
+		linger = 0
+	}
+	s.stop, s.cancel = context.WithCancel(context.Background())
+	s.acks = newDeleter(s, linger)
+	return s, nil
+}
+
+// now is the time since the source opened, on the monotonic clock.
+func (s *Source) now() time.Duration { return time.Since(s.epoch) }
+
+// Receive receives up to min(len(buf), 10) messages with one ReceiveMessage
+// call, long polling, and calls again while none come. It asks for every
+// message attribute and system attribute, and for the lease as the
+// visibility timeout.
+func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
+	if len(buf) == 0 {
+		return 0, nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.stop, cancel)()
+	in := &sqs.ReceiveMessageInput{
+		QueueUrl:            aws.String(s.queueURL),
+		MaxNumberOfMessages: int32(min(len(buf), maxBatch)),
+		WaitTimeSeconds:     s.wait,
+		VisibilityTimeout:   int32(s.lease / time.Second),
+		// local-aws-sqs returns ApproximateReceiveCount only when
+		// AttributeNames asks for it (MessageSystemAttributeNames alone
+		// gave an empty map); AWS documents both. Ask with both.
+		AttributeNames:              []types.QueueAttributeName{types.QueueAttributeNameAll},
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		MessageAttributeNames:       []string{"All"},
+	}
+	for {
+		if s.closed.Load() {
+			return 0, adapters.ErrClosed
+		}
+		out, err := s.client.ReceiveMessage(ctx, in)
+		arrived := s.now()
+		switch {
+		case s.closed.Load():
+			return 0, adapters.ErrClosed
+		case err != nil && ctx.Err() != nil:
+			return 0, ctx.Err()
+		case err != nil:
+			return 0, fmt.Errorf("sqs: receive from %s: %w", s.name, err)
+		}
+		for i, m := range out.Messages {
+			buf[i] = s.message(m, arrived)
+		}
+		if n := len(out.Messages); n > 0 {
+			return n, nil
+		}
+	}
+}
+
+// message builds the Message of a received m.
+func (s *Source) message(m types.Message, arrived time.Duration) *ackwise.Message {
+	h, key, enc := decodeAttributes(m.MessageAttributes)
+	if key == "" && s.fifo {
+		key = m.Attributes[string(types.MessageSystemAttributeNameMessageGroupId)]
+	}
+	body := aws.ToString(m.Body)
+	attempt := 1
+	if n, err := strconv.Atoi(m.Attributes[string(types.MessageSystemAttributeNameApproximateReceiveCount)]); err == nil {
+		attempt = min(max(n, 1), ackwise.MaxAttempt)
+	}
+	var published time.Time
+	if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameSentTimestamp)], 10, 64); err == nil {
+		published = time.UnixMilli(ms)
+	}
+	// SQS does not say when an attempt failed: on a redelivery, the first
+	// receive is when the first attempt began, the closest bound it keeps.
+	var first time.Time
+	if ms, err := strconv.ParseInt(m.Attributes[string(types.MessageSystemAttributeNameApproximateFirstReceiveTimestamp)], 10, 64); err == nil && attempt > 1 {
+		first = time.UnixMilli(ms)
+	}
+	id := h.Get(ackwise.HeaderEventID)
+	if id == "" {
+		id = aws.ToString(m.MessageId)
+	}
+	r := &receipt{s: s, handle: aws.ToString(m.ReceiptHandle), body: body, enc: enc, received: arrived}
+	r.deadline.Store(int64(arrived + s.lease - s.margin))
+	return &ackwise.Message{
+		ID:           id,
+		Key:          key,
+		Payload:      decodeBody(body, enc),
+		Headers:      h,
+		Source:       s.name,
+		Partition:    -1,
+		Offset:       -1,
+		BrokerID:     aws.ToString(m.MessageId),
+		Attempt:      attempt,
+		PublishedAt:  published,
+		FirstFailure: first,
+		Handle:       r,
+	}
+}
+
+// Receipt states.
+const (
+	open    uint32 = iota
+	busy           // a settle call is under way
+	settled        // settled, released, or known invalid
+)
+
+// receipt is a delivery's Handle.
+type receipt struct {
+	s        *Source
+	handle   string
+	body     string // as received, for a dead letter
+	enc      string // its AttrBodyEncoding
+	received time.Duration
+	state    atomic.Uint32
+	deadline atomic.Int64 // Source.now() when the lease ends, less a margin
+	// mu orders a lease extension and the settles: a settle waits for an
+	// extension under way, and an extension after a settle does nothing.
+	mu sync.Mutex
+}
+
+func (s *Source) receipt(msg *ackwise.Message) (*receipt, error) {
+	r, ok := msg.Handle.(*receipt)
+	if !ok || r.s != s {
+		return nil, fmt.Errorf("sqs: message %q was not delivered by this source", msg.BrokerID)
+	}
+	return r, nil
+}
+
+// begin starts settling msg with op, or says why it cannot: settled
+// already, the source closed, the lease ran out.
+func (s *Source) begin(msg *ackwise.Message, op string) (*receipt, error) {
+	r, err := s.receipt(msg)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.state.CompareAndSwap(open, busy) {
+		return nil, fmt.Errorf("sqs: %s message %s: already settled or released", op, msg.BrokerID)
+	}
+	switch {
+	case s.closed.Load():
+		r.state.Store(settled)
+		return nil, fmt.Errorf("sqs: %s message %s: %w; the queue redelivers it: %w", op, msg.BrokerID, adapters.ErrClosed, adapters.ErrReceiptInvalid)
+	case s.now() >= time.Duration(r.deadline.Load()):
+		r.state.Store(settled)
+		return nil, fmt.Errorf("sqs: %s message %s: its visibility timeout ran out, the queue redelivers it: %w", op, msg.BrokerID, adapters.ErrReceiptInvalid)
+	}
+	return r, nil
+}
+
+// end ends the settle begin started: settled unless it failed otherwise
+// than for a receipt no longer valid, when the receipt is open again for
+// the engine to try again (a move) or release it.
+func (r *receipt) end(err error) error {
+	if err != nil && !errors.Is(err, adapters.ErrReceiptInvalid) {
+		r.state.Store(open)
+		return err
+	}
+	r.state.Store(settled)
+	return err
+}
+
+// settleErr maps the error of a call on one receipt.
+func (s *Source) settleErr(op string, msg *ackwise.Message, err error) error {
+	if err == nil {
+		return nil
+	}
+	if code := errorCode(err); receiptGone(code) {
+		return fmt.Errorf("sqs: %s message %s: %s, the queue redelivers it: %w", op, msg.BrokerID, code, adapters.ErrReceiptInvalid)
+	}
+	return fmt.Errorf("sqs: %s message %s on %s: %w", op, msg.BrokerID, s.name, err)
+}
+
+// Ack deletes msg (DeleteMessageBatch, shared with up to 9 other acks
+// within AckLinger) and returns once SQS confirmed it. A receipt whose
+// visibility timeout ran out (by the source's clock, or as SQS says) is
+// not deleted: Ack returns an error wrapping adapters.ErrReceiptInvalid
+// and the queue redelivers the message.
+func (s *Source) Ack(ctx context.Context, msg *ackwise.Message) error {
+	r, err := s.begin(msg, "ack")
+	if err != nil {
+		return err
+	}
+	return r.end(s.acks.delete(ctx, msg, r))
+}
+
+// AckBatch acks msgs as Ack does, sharing DeleteMessageBatch calls
+// (adapters.BatchAcker).
+func (s *Source) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
+	reqs := make([]*delReq, len(msgs))
+	for i, m := range msgs {
+		r, err := s.begin(m, "ack")
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		reqs[i] = s.acks.add(m, r)
+	}
+	for i, req := range reqs {
+		if req != nil {
+			errs[i] = req.r.end(s.acks.wait(ctx, req))
+		}
+	}
+}
+
+// Nack makes msg visible again after delay (ChangeMessageVisibility),
+// rounded up to whole seconds and cut to what is left of MaxVisibility
+// since the receive that delivered it: at the cap the message comes back
+// sooner than asked, with its receive count one higher.
+func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Duration) error {
+	r, err := s.begin(msg, "nack")
+	if err != nil {
+		return err
+	}
+	secs := r.visibility(delay)
+	_, err = s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(r.handle), VisibilityTimeout: secs,
+	})
+	return r.end(s.settleErr("nack", msg, err))
+}
+
+// Release makes msg visible again at once (visibility timeout 0).
+func (s *Source) Release(ctx context.Context, msg *ackwise.Message) error {
+	r, err := s.begin(msg, "release")
+	if err != nil {
+		return err
+	}
+	_, err = s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(r.handle), VisibilityTimeout: 0,
+	})
+	return r.end(s.settleErr("release", msg, err))
+}
+
+// visibility is d in whole seconds, rounded up, cut to what is left of
+// MaxVisibility since r was received.
+func (r *receipt) visibility(d time.Duration) int32 {
+	left := MaxVisibility - (r.s.now() - r.received)
+	d = min(max(d, 0), left)
+	return int32((max(d, 0) + time.Second - 1) / time.Second)
+}
+
+// ExtendLease sets msg's visibility timeout to d from now
+// (ChangeMessageVisibility), in whole seconds, cut to what is left of
+// MaxVisibility since its receive; with nothing left it returns an error
+// and the message comes back when its lease ends. After a settle, on a
+// closed source or once the lease ran out it does nothing and returns an
+// error wrapping adapters.ErrReceiptInvalid.
+func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.Duration) error {
+	r, err := s.receipt(msg)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	start := s.now()
+	if r.state.Load() != open || s.closed.Load() || start >= time.Duration(r.deadline.Load()) {
+		return fmt.Errorf("sqs: extend the lease of message %s: settled, closed or run out: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
+	}
+	secs := r.visibility(d)
+	if secs <= 0 {
+		return fmt.Errorf("sqs: extend the lease of message %s: SQS keeps a message invisible at most %v from its receive", msg.BrokerID, MaxVisibility)
+	}
+	_, err = s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
+		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(r.handle), VisibilityTimeout: secs,
+	})
+	if err = s.settleErr("extend the lease of", msg, err); err != nil {
+		if errors.Is(err, adapters.ErrReceiptInvalid) {
+			r.state.Store(settled)
+		}
+		return err
+	}
+	r.deadline.Store(int64(start + time.Duration(secs)*time.Second - s.margin))
+	return nil
+}
+
+// DeadLetter sends msg to the dead-letter queue (SendMessage), its body as
+// received and its attributes with the envelope added (packed as
+// encodeAttributes does within SQS's 10 attributes), then deletes it. On a
+// FIFO dead-letter queue the message group is the key (the event ID
+// without one) and the deduplication ID the event ID, each as is when SQS
+// takes it, else its SHA-256 in hex.
+func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
+	if s.dlqURL == "" {
+		return fmt.Errorf("sqs: dead-letter message %s: no dead-letter queue (Config.DeadLetterQueueURL, URL parameter dlq): %w", msg.BrokerID, errors.ErrUnsupported)
+	}
+	r, err := s.begin(msg, "dead-letter")
+	if err != nil {
+		return err
+	}
+	in := &sqs.SendMessageInput{
+		QueueUrl:          aws.String(s.dlqURL),
+		MessageBody:       aws.String(r.body),
+		MessageAttributes: encodeAttributes(msg.Key, env.Apply(msg.Headers), r.enc),
+	}
+	if s.dlqFIFO {
+		id := msg.EventID()
+		if id == "" {
+			id = msg.BrokerID
+		}
+		group := msg.Key
+		if group == "" {
+			group = id
+		}
+		in.MessageGroupId, in.MessageDeduplicationId = aws.String(fifoID(group)), aws.String(fifoID(id))
+	}
+	if _, err := s.client.SendMessage(ctx, in); err != nil {
+		return r.end(fmt.Errorf("sqs: dead-letter message %s to %s: %w", msg.BrokerID, queueName(s.dlqURL), err))
+	}
+	return r.end(s.acks.delete(ctx, msg, r))
+}
+
+// fifoID returns s as a FIFO message group or deduplication ID: as is
+// when SQS takes it (1 to 128 of letters, digits and ASCII punctuation),
+// else its SHA-256 in hex.
+func fifoID(s string) string {
+	ok := s != "" && len(s) <= 128
+	for i := 0; ok && i < len(s); i++ {
+		ok = s[i] > ' ' && s[i] < 0x7f
+	}
+	if ok {
+		return s
+	}
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// Valid reports whether msg is still this consumer's: not settled, the
+// source open, and its lease (by the source's clock, from the receive that
+// delivered it, less a margin of a tenth of the lease up to 1s) not run
+// out.
+func (s *Source) Valid(msg *ackwise.Message) bool {
+	r, ok := msg.Handle.(*receipt)
+	return ok && r.s == s && !s.closed.Load() && r.state.Load() == open && s.now() < time.Duration(r.deadline.Load())
+}
+
+// Capabilities: DeliveryCount (ApproximateReceiveCount), Lease (the
+// visibility timeout), ExtendLease, Delay up to MaxVisibility; Ordered on
+// a FIFO queue.
+func (s *Source) Capabilities() adapters.Capabilities {
+	return adapters.Capabilities{
+		Delay:         true,
+		MaxDelay:      MaxVisibility,
+		Lease:         s.lease,
+		ExtendLease:   true,
+		DeliveryCount: true,
+		Ordered:       s.fifo,
+	}
+}
+
+// Extensions declares AckBatch.
+func (s *Source) Extensions() adapters.Extensions {
+	return adapters.Extensions{BatchAcker: s}
+}
+
+// Close stops receiving (a Receive under way returns adapters.ErrClosed)
+// and waits for the deletes of acks already made. Unsettled deliveries
+// come back when their visibility timeout ends.
+func (s *Source) Close() error {
+	s.once.Do(func() {
+		s.closed.Store(true)
+		s.cancel()
+		s.acks.close()
+	})
+	return nil
+}
