@@ -78,12 +78,7 @@ func drain(ctx context.Context, t testing.TB, c *sqs.Client, queueURL string) []
 	dec := &Source{name: queueName(queueURL), fifo: isFIFO(queueURL), lease: time.Minute}
 	var out []*ackwise.Message
 	for {
-		res, err := c.ReceiveMessage(ctx, &sqs.ReceiveMessageInput{
-			QueueUrl:              aws.String(queueURL),
-			MaxNumberOfMessages:   10,
-			AttributeNames:        []types.QueueAttributeName{types.QueueAttributeNameAll},
-			MessageAttributeNames: []string{"All"},
-		})
+		res, err := c.ReceiveMessage(ctx, &awsReceive(queueURL).ReceiveMessageInput)
 		if err != nil {
 			t.Fatalf("receive from %s: %v", queueName(queueURL), err)
 		}
@@ -99,4 +94,16 @@ func drain(ctx context.Context, t testing.TB, c *sqs.Client, queueURL string) []
 			}
 		}
 	}
+}
+
+// rawReceive is a ReceiveMessage of every attribute, without long polling.
+type rawReceive struct{ sqs.ReceiveMessageInput }
+
+func awsReceive(queueURL string) *rawReceive {
+	return &rawReceive{sqs.ReceiveMessageInput{
+		QueueUrl:              aws.String(queueURL),
+		MaxNumberOfMessages:   10,
+		AttributeNames:        []types.QueueAttributeName{types.QueueAttributeNameAll},
+		MessageAttributeNames: []string{"All"},
+	}}
 }

@@ -1,0 +1,110 @@
+// Package sqs is the ackwise adapter for Amazon SQS, on aws-sdk-go-v2's
+// SQS client. Import it for the awssqs:// URL scheme (gocloud.dev's):
+//
+//	awssqs://sqs.us-east-2.amazonaws.com/123456789012/orders?region=us-east-2&dlq=orders-dlq
+//	awssqs://127.0.0.1:9324/000000000000/orders?endpoint=http://127.0.0.1:9324   (an emulator)
+//
+// The queue URL is https:// with the URL's host and path. Credentials come
+// from the AWS SDK's default chain (environment, shared files, SSO, web
+// identity, ECS or EC2 roles), or from WithAWSConfig; a URL with user info
+// is refused. The adapter never logs credentials nor puts them in an error
+// or a dead letter.
+//
+// # URL parameters
+//
+// Each for a source, a sink or both; one of the other side is refused, as
+// are an unknown, repeated or empty one (errors match adapters.ErrBadURL
+// and name the parameter; docs/sqs.md has the same table):
+//
+//	region      both    AWS region (default: REGION of a host sqs.REGION.amazonaws.com, else the AWS chain's)
+//	endpoint    both    SQS endpoint to call instead of AWS's, for emulators
+//	dlq         source  dead-letter queue: a name beside the queue, or an https:// queue URL
+//	wait        source  long-poll wait, whole seconds 1s–20s (default 20s; -1: short polling)
+//	visibility  source  visibility timeout each receive asks for, 1s–12h (default: the queue's)
+//	ack_linger  source  how long an ack waits to share a DeleteMessageBatch call (default 5ms)
+//
+// Options: WithLogger gives a source's logger (a sink logs nothing and
+// refuses it); WithTLSConfig is the TLS configuration of the HTTPS
+// connections; WithAWSConfig (this package's) replaces the default chain's
+// AWS configuration. WithMeterProvider and WithTracerProvider are refused:
+// the adapter has no metrics or spans of its own yet.
+//
+// # Source
+//
+// Receive makes one ReceiveMessage call at a time: long polling (wait),
+// up to min(len(buf), 10) messages, every message attribute and system
+// attribute, and the lease as the visibility timeout. Capabilities:
+//   - DeliveryCount: Attempt is ApproximateReceiveCount (bounded by
+//     ackwise.MaxAttempt); a producer's ackwise-attempt attribute is not
+//     read. On a redelivery, FirstFailure is ApproximateFirstReceiveTimestamp
+//     (SQS keeps no failure time; the first attempt began then).
+//   - Lease: the visibility timeout (Config.VisibilityTimeout, else the
+//     queue's, read when the source opens). The source keeps each
+//     delivery's lease on its own clock, from the response, less a tenth of
+//     the lease up to 1s: past it Valid is false and a settle returns an
+//     error wrapping adapters.ErrReceiptInvalid without calling SQS (which
+//     may take an old receipt handle and act on the message's next
+//     delivery).
+//   - ExtendLease: ChangeMessageVisibility to the lease from now.
+//   - Delay, MaxDelay 12h: Nack is ChangeMessageVisibility to the delay,
+//     rounded up to whole seconds. SQS keeps a message invisible at most
+//     12 hours from the receive that delivered it: a Nack delay or a lease
+//     extension is cut to what is left of that (the message comes back
+//     sooner than asked, as its next attempt), and an extension with
+//     nothing left fails (the message comes back when its lease ends and
+//     the inbox absorbs a second run). On a FIFO queue a message waiting
+//     out its delay holds back its message group.
+//   - Ordered on a FIFO queue (name ending .fifo).
+//
+// Ack deletes with DeleteMessageBatch: acks within ack_linger share a call,
+// up to 10, and each Ack returns once SQS answered for it; an entry SQS
+// fails alone fails that Ack alone (an invalid or expired receipt wraps
+// adapters.ErrReceiptInvalid). AckBatch (Extensions.BatchAcker) acks many
+// the same way. Release is ChangeMessageVisibility 0. A second settle of
+// a delivery fails without calling SQS; after Close every settle fails
+// (adapters.ErrClosed and adapters.ErrReceiptInvalid) and the deliveries
+// come back when their lease ends.
+//
+// DeadLetter (ackwise-managed dead letters, with dlq=) sends the message to
+// the dead-letter queue with SendMessage: the body as received (byte for
+// byte), the original attributes and the dlq envelope, packed within SQS's
+// 10 attributes as the sink packs headers; then it deletes the original
+// (invariant 3; a crash in between writes the dead letter again with the
+// same event ID). On a FIFO dead-letter queue the group is the key (the
+// event ID without one) and the deduplication ID the event ID. Without a
+// dead-letter queue DeadLetter fails with an error wrapping
+// errors.ErrUnsupported and the message comes back after its lease.
+//
+// # Sink
+//
+// Publish sends with SendMessageBatch, up to 10 messages and MaxBatchBytes
+// a call, in order, and reports per message (*adapters.PublishError): an
+// entry SQS refused as the sender's fault is permanent; a message larger
+// than the queue's MaximumMessageSize (read when the sink opens) fails
+// alone before anything is sent (ErrTooLarge). On a FIFO queue the
+// MessageGroupId is the key (the event ID without one) and the
+// MessageDeduplicationId the event ID — never a hash of the content, so two
+// equal bodies with different event IDs both go through; each is used as
+// is when SQS takes it (1 to 128 printable ASCII characters), else its
+// SHA-256 in hex; a message without an event ID fails (ErrNoEventID).
+//
+// # Headers and message attributes
+//
+// Each header is a message attribute: String when its value is text SQS
+// takes (valid UTF-8 without control characters but tab, newline and
+// carriage return, nor U+FFFE, U+FFFF), else Binary (its bytes).
+// Message.Key travels as ackwise-key, the event ID as ackwise-event-id; the
+// engine's hop headers (ackwise-attempt, ackwise-first-failure) are
+// dropped. SQS takes at most 10 attributes a message: when there are more,
+// or some cannot be attributes (a name SQS refuses, an empty value, a
+// repeated name), ackwise-key, ackwise-body-encoding, ackwise-event-id,
+// traceparent and then the others in order take 9 and the rest go, in
+// order, into one String attribute ackwise-headers holding JSON
+// (AttrHeaders; docs/headers.md). A payload that is not text SQS takes is
+// sent base64-encoded with ackwise-body-encoding=base64, an empty one as
+// a single space with ackwise-body-encoding=empty (SQS refuses an empty
+// body). On receipt the attributes come back as headers sorted by name,
+// then the packed ones in their order: the order of a message's headers
+// is not kept. A String or Number attribute is its string, a Binary one
+// its bytes.
+package sqs
