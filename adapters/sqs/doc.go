@@ -45,9 +45,10 @@
 //     error wrapping adapters.ErrReceiptInvalid without calling SQS (which
 //     may take an old receipt handle and act on the message's next
 //     delivery).
-//   - ExtendLease: ChangeMessageVisibility to the lease from now.
-//   - Delay, MaxDelay 12h: Nack is ChangeMessageVisibility to the delay,
-//     rounded up to whole seconds. SQS keeps a message invisible at most
+//   - ExtendLease: ChangeMessageVisibilityBatch (shared as acks share
+//     deletes) to the lease from now.
+//   - Delay, MaxDelay 12h: Nack is ChangeMessageVisibilityBatch to the
+//     delay, rounded up to whole seconds. SQS keeps a message invisible at most
 //     12 hours from the receive that delivered it: a Nack delay or a lease
 //     extension is cut to what is left of that (the message comes back
 //     sooner than asked, as its next attempt), and an extension with
@@ -60,10 +61,12 @@
 // up to 10, and each Ack returns once SQS answered for it; an entry SQS
 // fails alone fails that Ack alone (an invalid or expired receipt wraps
 // adapters.ErrReceiptInvalid). AckBatch (Extensions.BatchAcker) acks many
-// the same way. Release is ChangeMessageVisibility 0. A second settle of
-// a delivery fails without calling SQS; after Close every settle fails
-// (adapters.ErrClosed and adapters.ErrReceiptInvalid) and the deliveries
-// come back when their lease ends.
+// the same way. Release is ChangeMessageVisibility 0, alone (the sooner the
+// better, and a FIFO lane's releases reach SQS in order). A second settle
+// of a delivery fails without calling SQS; after Close every settle fails
+// (adapters.ErrClosed and adapters.ErrReceiptInvalid), Valid is false (the
+// Invalidator is called) and the deliveries come back when their lease
+// ends.
 //
 // DeadLetter (ackwise-managed dead letters, with dlq=) sends the message to
 // the dead-letter queue with SendMessage: the body as received (byte for

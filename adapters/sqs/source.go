@@ -59,9 +59,10 @@ type Config struct {
 	// when the source opens (a queue whose timeout is 0 is refused).
 	VisibilityTimeout time.Duration
 	// AckLinger is how long an ack waits for others to share its
-	// DeleteMessageBatch call (up to 10 share one). Zero means
-	// DefaultAckLinger; -1 means no wait (acks waiting together still share
-	// a call).
+	// DeleteMessageBatch call (up to 10 share one), and a Nack or lease
+	// extension for others to share its ChangeMessageVisibilityBatch call.
+	// Zero means DefaultAckLinger; -1 means no wait (calls waiting together
+	// still share a batch).
 	AckLinger time.Duration
 	// Logger receives warnings; nil discards them.
 	Logger *slog.Logger
@@ -108,11 +109,13 @@ type Source struct {
 	log      *slog.Logger
 	epoch    time.Time
 
-	stop   context.Context // done once Close began
-	cancel context.CancelFunc
-	closed atomic.Bool
-	once   sync.Once
-	acks   *deleter
+	stop    context.Context // done once Close began
+	cancel  context.CancelFunc
+	closed  atomic.Bool
+	once    sync.Once
+	acks    *batcher // DeleteMessageBatch
+	vis     *batcher // ChangeMessageVisibilityBatch
+	invalid adapters.InvalidHook
 }
 
 var _ adapters.Source = (*Source)(nil)
@@ -181,6 +184,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s.stop, s.cancel = context.WithCancel(context.Background())
 	s.acks = newDeleter(s, linger)
+	s.vis = newVisibility(s, linger)
 	return s, nil
 }
 
@@ -361,20 +365,20 @@ func (s *Source) Ack(ctx context.Context, msg *ackwise.Message) error {
 	if err != nil {
 		return err
 	}
-	return r.end(s.acks.delete(ctx, msg, r))
+	return r.end(s.acks.do(ctx, "ack", msg, r, 0))
 }
 
 // AckBatch acks msgs as Ack does, sharing DeleteMessageBatch calls
 // (adapters.BatchAcker).
 func (s *Source) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []error) {
-	reqs := make([]*delReq, len(msgs))
+	reqs := make([]*batchReq, len(msgs))
 	for i, m := range msgs {
 		r, err := s.begin(m, "ack")
 		if err != nil {
 			errs[i] = err
 			continue
 		}
-		reqs[i] = s.acks.add(m, r)
+		reqs[i] = s.acks.add("ack", m, r, 0)
 	}
 	for i, req := range reqs {
 		if req != nil {
@@ -392,19 +396,19 @@ func (s *Source) Nack(ctx context.Context, msg *ackwise.Message, delay time.Dura
 	if err != nil {
 		return err
 	}
-	secs := r.visibility(delay)
-	_, err = s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
-		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(r.handle), VisibilityTimeout: secs,
-	})
-	return r.end(s.settleErr("nack", msg, err))
+	return r.end(s.vis.do(ctx, "nack", msg, r, r.visibility(delay)))
 }
 
-// Release makes msg visible again at once (visibility timeout 0).
+// Release makes msg visible again at once (ChangeMessageVisibility to 0).
 func (s *Source) Release(ctx context.Context, msg *ackwise.Message) error {
 	r, err := s.begin(msg, "release")
 	if err != nil {
 		return err
 	}
+	// Alone, not batched: a release is rare (a shutdown, a receipt no
+	// longer valid) and the sooner it is made the sooner the message comes
+	// back; and a FIFO lane's releases, made one after the other, reach SQS
+	// in that order.
 	_, err = s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
 		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(r.handle), VisibilityTimeout: 0,
 	})
@@ -440,10 +444,7 @@ func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.D
 	if secs <= 0 {
 		return fmt.Errorf("sqs: extend the lease of message %s: SQS keeps a message invisible at most %v from its receive", msg.BrokerID, MaxVisibility)
 	}
-	_, err = s.client.ChangeMessageVisibility(ctx, &sqs.ChangeMessageVisibilityInput{
-		QueueUrl: aws.String(s.queueURL), ReceiptHandle: aws.String(r.handle), VisibilityTimeout: secs,
-	})
-	if err = s.settleErr("extend the lease of", msg, err); err != nil {
+	if err := s.vis.do(ctx, "extend the lease of", msg, r, secs); err != nil {
 		if errors.Is(err, adapters.ErrReceiptInvalid) {
 			r.state.Store(settled)
 		}
@@ -486,7 +487,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 	if _, err := s.client.SendMessage(ctx, in); err != nil {
 		return r.end(fmt.Errorf("sqs: dead-letter message %s to %s: %w", msg.BrokerID, queueName(s.dlqURL), err))
 	}
-	return r.end(s.acks.delete(ctx, msg, r))
+	return r.end(s.acks.do(ctx, "dead-letter", msg, r, 0))
 }
 
 // fifoID returns s as a FIFO message group or deduplication ID: as is
@@ -527,10 +528,15 @@ func (s *Source) Capabilities() adapters.Capabilities {
 	}
 }
 
-// Extensions declares AckBatch.
+// Extensions declares AckBatch and the Invalidator, which Close calls:
+// the lease running out is time, not an event.
 func (s *Source) Extensions() adapters.Extensions {
-	return adapters.Extensions{BatchAcker: s}
+	return adapters.Extensions{BatchAcker: s, Invalidator: s}
 }
+
+// OnInvalid sets f, which Close calls once every delivery stopped being
+// Valid (adapters.Invalidator).
+func (s *Source) OnInvalid(f func()) { s.invalid.OnInvalid(f) }
 
 // Close stops receiving (a Receive under way returns adapters.ErrClosed)
 // and waits for the deletes of acks already made. Unsettled deliveries
@@ -539,7 +545,9 @@ func (s *Source) Close() error {
 	s.once.Do(func() {
 		s.closed.Store(true)
 		s.cancel()
+		s.invalid.Invalidated()
 		s.acks.close()
+		s.vis.close()
 	})
 	return nil
 }
