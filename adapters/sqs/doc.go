@@ -90,6 +90,8 @@
 // equal bodies with different event IDs both go through; each is used as
 // is when SQS takes it (1 to 128 printable ASCII characters), else its
 // SHA-256 in hex; a message without an event ID fails (ErrNoEventID).
+// Once a message of a FIFO group failed, the group's later messages in the
+// call's later batches are not sent (ErrGroupHeld), so none overtakes it.
 //
 // # Headers and message attributes
 //

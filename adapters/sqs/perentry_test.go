@@ -99,3 +99,38 @@ func TestPublishPerEntry(t *testing.T) {
 		t.Fatalf("queue holds %v, want s1 and s2", ids)
 	}
 }
+
+// TestPublishFIFOGroupHeld: on a FIFO queue, once a message of a group
+// failed, the later ones of the group in the call are not sent (they would
+// overtake it); the other groups' are.
+func TestPublishFIFOGroupHeld(t *testing.T) {
+	t.Parallel()
+	c := testClient(t)
+	q := createQueue(t, c, "groupheld", 0, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	sink, err := NewSink(ctx, SinkConfig{QueueURL: q, Connection: testConn(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []*ackwise.Message{
+		{ID: "a", Key: "g1", Payload: []byte("a")},
+		{ID: "big", Key: "g1", Payload: make([]byte, sink.maxSize+1)},
+		{ID: "c", Key: "g1", Payload: []byte("c")},
+		{ID: "d", Key: "g2", Payload: []byte("d")},
+		{Key: "g3", Payload: []byte("no event ID")},
+	}
+	err = sink.Publish(ctx, msgs...)
+	failures := adapters.PublishFailures(err, len(msgs))
+	if len(failures) != 3 || failures[0].Index != 1 || !errors.Is(failures[0].Err, ErrTooLarge) ||
+		failures[1].Index != 2 || !errors.Is(failures[1].Err, ErrGroupHeld) || failures[2].Index != 4 || !errors.Is(failures[2].Err, ErrNoEventID) {
+		t.Fatalf("Publish = %v, want msgs[1] too large, msgs[2] held, msgs[4] without an event ID", err)
+	}
+	var ids []string
+	for _, m := range drain(ctx, t, c, q) {
+		ids = append(ids, m.ID)
+	}
+	if strings.Join(ids, ",") != "a,d" {
+		t.Fatalf("queue holds %v, want a and d", ids)
+	}
+}

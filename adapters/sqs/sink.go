@@ -92,34 +92,36 @@ type entry struct {
 // ackwise-key; the hop headers are dropped. A message too large for the
 // queue, or without an event ID on a FIFO queue, fails alone before
 // anything is sent; an entry SQS refused as the sender's fault is
-// permanent.
+// permanent. On a FIFO queue, once a message of a group failed, the later
+// messages of that group in the call's later batches are not sent
+// (ErrGroupHeld), so that none overtakes it; within one batch SQS decides.
 func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	if s.closed.Load() {
 		return adapters.ErrClosed
 	}
 	errs := make([]error, len(msgs))
-	var batch []entry
-	bytes := 0
+	p := publish{s: s, errs: errs}
+	if s.fifo {
+		p.failed = map[string]int{}
+	}
 	for i, m := range msgs {
 		e, err := s.entry(i, m)
 		if err != nil {
-			errs[i] = err
+			p.fail(i, aws.ToString(e.e.MessageGroupId), err)
 			continue
 		}
-		if len(batch) == maxBatch || len(batch) > 0 && bytes+e.size > MaxBatchBytes {
-			s.send(ctx, batch, errs)
-			batch, bytes = batch[:0], 0
+		if len(p.batch) == maxBatch || len(p.batch) > 0 && p.bytes+e.size > MaxBatchBytes {
+			p.send(ctx)
 		}
-		batch = append(batch, e)
-		bytes += e.size
+		p.batch = append(p.batch, e)
+		p.bytes += e.size
 	}
-	if len(batch) > 0 {
-		s.send(ctx, batch, errs)
-	}
+	p.send(ctx)
 	return adapters.NewPublishError(errs)
 }
 
-// entry builds the batch entry of msgs[i], m.
+// entry builds the batch entry of msgs[i], m (with its FIFO group set, even
+// when it returns an error).
 func (s *Sink) entry(i int, m *ackwise.Message) (entry, error) {
 	id := m.EventID()
 	h := make(ackwise.Headers, 0, len(m.Headers)+1)
@@ -137,44 +139,84 @@ func (s *Sink) entry(i int, m *ackwise.Message) (entry, error) {
 	for k, a := range attrs {
 		size += len(k) + len(aws.ToString(a.DataType)) + len(aws.ToString(a.StringValue)) + len(a.BinaryValue)
 	}
-	if size > s.maxSize {
-		return entry{}, ackwise.Permanent(fmt.Errorf("%w: %d bytes (body and attributes), %s takes %d", ErrTooLarge, size, s.name, s.maxSize))
-	}
 	e := entry{i: i, size: size, e: types.SendMessageBatchRequestEntry{
 		Id:                aws.String(strconv.Itoa(i)),
 		MessageBody:       aws.String(body),
 		MessageAttributes: attrs,
 	}}
 	if s.fifo {
-		if id == "" {
-			return entry{}, ackwise.Permanent(ErrNoEventID)
-		}
 		group := m.Key
 		if group == "" {
 			group = id
 		}
-		e.e.MessageGroupId, e.e.MessageDeduplicationId = aws.String(fifoID(group)), aws.String(fifoID(id))
+		e.e.MessageGroupId = aws.String(fifoID(group))
+		if id == "" {
+			return e, ackwise.Permanent(ErrNoEventID)
+		}
+		e.e.MessageDeduplicationId = aws.String(fifoID(id))
+	}
+	if size > s.maxSize {
+		return e, ackwise.Permanent(fmt.Errorf("%w: %d bytes (body and attributes), %s takes %d", ErrTooLarge, size, s.name, s.maxSize))
 	}
 	return e, nil
 }
 
-// send sends batch with one call and sets errs of the entries that failed.
-func (s *Sink) send(ctx context.Context, batch []entry, errs []error) {
-	entries := make([]types.SendMessageBatchRequestEntry, len(batch))
-	byID := make(map[string]int, len(batch))
-	for k, e := range batch {
-		entries[k] = e.e
+// ErrGroupHeld is wrapped by the publish error of a message to a FIFO
+// queue not sent because an earlier message of its group in the same
+// Publish call failed: sent, it would have overtaken that one.
+var ErrGroupHeld = errors.New("sqs: not sent: an earlier message of its FIFO group in this Publish call failed")
+
+// publish is one Publish call under way.
+type publish struct {
+	s      *Sink
+	errs   []error
+	batch  []entry
+	bytes  int
+	failed map[string]int // FIFO: the index of each group's first failed message
+}
+
+// fail sets msgs[i]'s error; on a FIFO queue the later messages of its
+// group are not sent.
+func (p *publish) fail(i int, group string, err error) {
+	p.errs[i] = err
+	p.failedAt(i, group)
+}
+
+// failedAt notes that msgs[i] of group failed, on a FIFO queue.
+func (p *publish) failedAt(i int, group string) {
+	if first, ok := p.failed[group]; p.failed != nil && (!ok || i < first) {
+		p.failed[group] = i
+	}
+}
+
+// send sends the batch with one call, less the messages of failed FIFO
+// groups, and sets the errors of those that failed.
+func (p *publish) send(ctx context.Context) {
+	s := p.s
+	entries := make([]types.SendMessageBatchRequestEntry, 0, len(p.batch))
+	byID := make(map[string]int, len(p.batch))
+	for _, e := range p.batch {
+		group := aws.ToString(e.e.MessageGroupId)
+		if first, ok := p.failed[group]; ok && first < e.i {
+			p.fail(e.i, group, fmt.Errorf("%w (group %s)", ErrGroupHeld, group))
+			continue
+		}
+		entries = append(entries, e.e)
 		byID[aws.ToString(e.e.Id)] = e.i
+	}
+	p.batch, p.bytes = p.batch[:0], 0
+	if len(entries) == 0 {
+		return
 	}
 	out, err := s.client.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(s.queueURL), Entries: entries})
 	if err != nil {
 		err = fmt.Errorf("sqs: send to %s: %w", s.name, err)
-		for _, e := range batch {
-			errs[e.i] = err
+		for _, e := range entries {
+			p.fail(byID[aws.ToString(e.Id)], aws.ToString(e.MessageGroupId), err)
 		}
 		return
 	}
-	answered := make(map[int]bool, len(batch))
+	answered := make(map[int]bool, len(entries))
 	for _, ok := range out.Successful {
 		if i, found := byID[aws.ToString(ok.Id)]; found {
 			answered[i] = true
@@ -190,11 +232,17 @@ func (s *Sink) send(ctx context.Context, batch []entry, errs []error) {
 		if f.SenderFault {
 			err = ackwise.Permanent(err)
 		}
-		errs[i] = err
+		p.errs[i] = err
 	}
-	for _, e := range batch {
-		if !answered[e.i] {
-			errs[e.i] = fmt.Errorf("sqs: send to %s: SendMessageBatch gave no result for the message; it may have been sent", s.name)
+	for _, e := range entries {
+		if i := byID[aws.ToString(e.Id)]; !answered[i] {
+			p.errs[i] = fmt.Errorf("sqs: send to %s: SendMessageBatch gave no result for the message; it may have been sent", s.name)
+		}
+	}
+	// A group's failed message, then its later ones: held.
+	for _, e := range entries {
+		if i := byID[aws.ToString(e.Id)]; p.errs[i] != nil {
+			p.failedAt(i, aws.ToString(e.MessageGroupId))
 		}
 	}
 }

@@ -33,6 +33,9 @@ const (
 	// message stays invisible from the receive that delivered it: a lease
 	// extension or a Nack delay is cut to what is left of it.
 	MaxVisibility = 12 * time.Hour
+	// shortPollPause is the pause between two short polls that found
+	// nothing: SQS answers a short poll at once.
+	shortPollPause = 50 * time.Millisecond
 	// maxBatch is SQS's limit of entries in one batch call and of messages
 	// in one receive.
 	maxBatch = 10
@@ -52,7 +55,8 @@ type Config struct {
 	Connection
 	// WaitTime is the long-poll wait of a receive, whole seconds from 1s to
 	// 20s. Zero means DefaultWaitTime; -1 means short polling (a receive
-	// returns at once, and Receive calls again).
+	// returns at once, and Receive calls again after shortPollPause while
+	// none come).
 	WaitTime time.Duration
 	// VisibilityTimeout is the lease each receive asks for, whole seconds
 	// from 1s to 12h. Zero means the queue's own VisibilityTimeout, read
@@ -233,6 +237,12 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		}
 		if n := len(out.Messages); n > 0 {
 			return n, nil
+		}
+		if s.wait == 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(shortPollPause):
+			}
 		}
 	}
 }
