@@ -146,3 +146,28 @@ func TestHeadersThroughSQS(t *testing.T) {
 		}
 	}
 }
+
+// TestVisibilityCap: a delay is rounded up to whole seconds and cut to
+// what is left of the 12 hours SQS keeps a message invisible from its
+// receive (rounded down, less the lease's margin).
+func TestVisibilityCap(t *testing.T) {
+	s := &Source{epoch: time.Now().Add(-MaxVisibility), margin: time.Second}
+	for _, c := range []struct {
+		received time.Duration // since the source's epoch
+		d        time.Duration
+		want     int32
+	}{
+		{MaxVisibility, 0, 0},
+		{MaxVisibility, 300 * time.Millisecond, 1},
+		{MaxVisibility, 30 * time.Second, 30},
+		{MaxVisibility, 13 * time.Hour, 43200 - 2},
+		{0, time.Hour, 0},                     // received 12 h ago: nothing left
+		{time.Hour, 2 * time.Hour, 3600 - 2},  // received 11 h ago: 1 h left, less the margin
+		{11 * time.Hour, 2 * time.Hour, 7200}, // received 1 h ago: 11 h left
+	} {
+		r := &receipt{s: s, received: c.received}
+		if got := r.visibility(c.d); got < c.want-1 || got > c.want+1 {
+			t.Errorf("received at %v, delay %v: %d s, want %d", c.received, c.d, got, c.want)
+		}
+	}
+}

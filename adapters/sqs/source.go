@@ -232,10 +232,13 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		case err != nil:
 			return 0, fmt.Errorf("sqs: receive from %s: %w", s.name, err)
 		}
-		for i, m := range out.Messages {
+		// More than asked for would break SQS's contract; those come back
+		// when their lease ends.
+		n := min(len(out.Messages), len(buf))
+		for i, m := range out.Messages[:n] {
 			buf[i] = s.message(m, arrived)
 		}
-		if n := len(out.Messages); n > 0 {
+		if n > 0 {
 			return n, nil
 		}
 		if s.wait == 0 {
@@ -397,7 +400,8 @@ func (s *Source) AckBatch(ctx context.Context, msgs []*ackwise.Message, errs []e
 	}
 }
 
-// Nack makes msg visible again after delay (ChangeMessageVisibility),
+// Nack makes msg visible again after delay (ChangeMessageVisibilityBatch,
+// shared with other Nacks and lease extensions within AckLinger),
 // rounded up to whole seconds and cut to what is left of MaxVisibility
 // since the receive that delivered it: at the cap the message comes back
 // sooner than asked, with its receive count one higher.
@@ -426,11 +430,14 @@ func (s *Source) Release(ctx context.Context, msg *ackwise.Message) error {
 }
 
 // visibility is d in whole seconds, rounded up, cut to what is left of
-// MaxVisibility since r was received.
+// MaxVisibility since r was received (rounded down).
 func (r *receipt) visibility(d time.Duration) int32 {
-	left := MaxVisibility - (r.s.now() - r.received)
-	d = min(max(d, 0), left)
-	return int32((max(d, 0) + time.Second - 1) / time.Second)
+	// SQS counts the 12 hours from when it handed the message out, a
+	// little before the response came: leave the lease's margin, and
+	// round down there.
+	left := (MaxVisibility - (r.s.now() - r.received) - r.s.margin) / time.Second
+	secs := (max(d, 0) + time.Second - 1) / time.Second
+	return int32(max(min(secs, left), 0))
 }
 
 // ExtendLease sets msg's visibility timeout to d from now

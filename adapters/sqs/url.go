@@ -157,6 +157,10 @@ func parseURL(u *url.URL, side urlparam.Side) (*urlparam.Query, Connection, stri
 		return nil, conn, "", q.Errorf("", "path names queue %q: %s", name, why)
 	}
 	queueURL := (&url.URL{Scheme: "https", Host: u.Host, Path: u.Path}).String()
+	if checkQueueURL("", queueURL) != nil {
+		// A host url.Parse took that an https URL cannot have ("::").
+		return nil, conn, "", q.Errorf("", "host %q cannot be a queue URL's (want %s)", u.Host, params.Form)
+	}
 	q.String(&conn.Region, "region")
 	if q.String(&conn.Endpoint, "endpoint") {
 		if why := endpointProblem(conn.Endpoint); why != "" {
