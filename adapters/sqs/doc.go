@@ -74,7 +74,12 @@
 // 10 attributes as the sink packs headers; then it deletes the original
 // (invariant 3; a crash in between writes the dead letter again with the
 // same event ID). On a FIFO dead-letter queue the group is the key (the
-// event ID without one) and the deduplication ID the event ID. Without a
+// event ID without one) and the deduplication ID the event ID. A dead
+// letter the envelope takes over the dead-letter queue's
+// MaximumMessageSize (read when the source opens) is written with its
+// payload cut to fit (at a rune boundary for text) and marked with
+// dlq.HeaderTrimmed (value-bytes, value-kept, value-sha256); one whose
+// attributes alone do not fit fails, and the message comes back. Without a
 // dead-letter queue DeadLetter fails with an error wrapping
 // errors.ErrUnsupported and the message comes back after its lease.
 //

@@ -15,6 +15,30 @@ import (
 	"github.com/ackwise/ackwise/adapters"
 )
 
+// maxSize reads the MaximumMessageSize of the queue at queueURL.
+func maxSize(ctx context.Context, client *sqs.Client, queueURL string) (int, error) {
+	const attr = types.QueueAttributeNameMaximumMessageSize
+	out, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{QueueUrl: aws.String(queueURL), AttributeNames: []types.QueueAttributeName{attr}})
+	if err != nil {
+		return 0, fmt.Errorf("sqs: read the attributes of queue %s: %w", queueName(queueURL), err)
+	}
+	n, err := strconv.Atoi(out.Attributes[string(attr)])
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("sqs: queue %s has MaximumMessageSize %q", queueName(queueURL), out.Attributes[string(attr)])
+	}
+	return n, nil
+}
+
+// messageSize is the size SQS counts of a message: its body and its
+// attributes' names, types and values.
+func messageSize(body string, attrs map[string]types.MessageAttributeValue) int {
+	size := len(body)
+	for k, a := range attrs {
+		size += len(k) + len(aws.ToString(a.DataType)) + len(aws.ToString(a.StringValue)) + len(a.BinaryValue)
+	}
+	return size
+}
+
 // MaxBatchBytes bounds the messages (bodies and attributes) of one
 // SendMessageBatch call: SQS's limit of the sum of a batch's message sizes
 // (256 KiB as documented when the adapter was written; a message larger
@@ -64,16 +88,8 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 		return nil, err
 	}
 	s := &Sink{client: client, queueURL: cfg.QueueURL, name: queueName(cfg.QueueURL), fifo: isFIFO(cfg.QueueURL)}
-	out, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
-		QueueUrl:       aws.String(s.queueURL),
-		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameMaximumMessageSize},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("sqs: read the attributes of queue %s: %w", s.name, err)
-	}
-	s.maxSize, err = strconv.Atoi(out.Attributes[string(types.QueueAttributeNameMaximumMessageSize)])
-	if err != nil || s.maxSize <= 0 {
-		return nil, fmt.Errorf("sqs: queue %s has MaximumMessageSize %q", s.name, out.Attributes[string(types.QueueAttributeNameMaximumMessageSize)])
+	if s.maxSize, err = maxSize(ctx, client, s.queueURL); err != nil {
+		return nil, err
 	}
 	return s, nil
 }
@@ -135,25 +151,17 @@ func (s *Sink) entry(i int, m *ackwise.Message) (entry, error) {
 	}
 	body, enc := encodeBody(m.Payload)
 	attrs := encodeAttributes(m.Key, h, enc)
-	size := len(body)
-	for k, a := range attrs {
-		size += len(k) + len(aws.ToString(a.DataType)) + len(aws.ToString(a.StringValue)) + len(a.BinaryValue)
-	}
+	size := messageSize(body, attrs)
 	e := entry{i: i, size: size, e: types.SendMessageBatchRequestEntry{
 		Id:                aws.String(strconv.Itoa(i)),
 		MessageBody:       aws.String(body),
 		MessageAttributes: attrs,
 	}}
 	if s.fifo {
-		group := m.Key
-		if group == "" {
-			group = id
-		}
-		e.e.MessageGroupId = aws.String(fifoID(group))
+		e.e.MessageGroupId, e.e.MessageDeduplicationId = fifoIDs(m.Key, id)
 		if id == "" {
 			return e, ackwise.Permanent(ErrNoEventID)
 		}
-		e.e.MessageDeduplicationId = aws.String(fifoID(id))
 	}
 	if size > s.maxSize {
 		return e, ackwise.Permanent(fmt.Errorf("%w: %d bytes (body and attributes), %s takes %d", ErrTooLarge, size, s.name, s.maxSize))

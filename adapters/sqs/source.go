@@ -2,8 +2,6 @@ package sqs
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +17,6 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
-	"github.com/ackwise/ackwise/dlq"
 )
 
 // Defaults and limits of a Source.
@@ -106,6 +103,7 @@ type Source struct {
 	name     string
 	dlqURL   string
 	dlqFIFO  bool
+	dlqMax   int // the dead-letter queue's MaximumMessageSize
 	fifo     bool
 	lease    time.Duration
 	margin   time.Duration
@@ -172,11 +170,8 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s.margin = min(s.lease/10, time.Second)
 	if s.dlqURL != "" {
-		if _, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
-			QueueUrl:       aws.String(s.dlqURL),
-			AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameQueueArn},
-		}); err != nil {
-			return nil, fmt.Errorf("sqs: read the attributes of dead-letter queue %s: %w", queueName(s.dlqURL), err)
+		if s.dlqMax, err = maxSize(ctx, client, s.dlqURL); err != nil {
+			return nil, fmt.Errorf("sqs: dead-letter queue: %w", err)
 		}
 	}
 	linger := cfg.AckLinger
@@ -469,57 +464,6 @@ func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.D
 	}
 	r.deadline.Store(int64(start + time.Duration(secs)*time.Second - s.margin))
 	return nil
-}
-
-// DeadLetter sends msg to the dead-letter queue (SendMessage), its body as
-// received and its attributes with the envelope added (packed as
-// encodeAttributes does within SQS's 10 attributes), then deletes it. On a
-// FIFO dead-letter queue the message group is the key (the event ID
-// without one) and the deduplication ID the event ID, each as is when SQS
-// takes it, else its SHA-256 in hex.
-func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
-	if s.dlqURL == "" {
-		return fmt.Errorf("sqs: dead-letter message %s: no dead-letter queue (Config.DeadLetterQueueURL, URL parameter dlq): %w", msg.BrokerID, errors.ErrUnsupported)
-	}
-	r, err := s.begin(msg, "dead-letter")
-	if err != nil {
-		return err
-	}
-	in := &sqs.SendMessageInput{
-		QueueUrl:          aws.String(s.dlqURL),
-		MessageBody:       aws.String(r.body),
-		MessageAttributes: encodeAttributes(msg.Key, env.Apply(msg.Headers), r.enc),
-	}
-	if s.dlqFIFO {
-		id := msg.EventID()
-		if id == "" {
-			id = msg.BrokerID
-		}
-		group := msg.Key
-		if group == "" {
-			group = id
-		}
-		in.MessageGroupId, in.MessageDeduplicationId = aws.String(fifoID(group)), aws.String(fifoID(id))
-	}
-	if _, err := s.client.SendMessage(ctx, in); err != nil {
-		return r.end(fmt.Errorf("sqs: dead-letter message %s to %s: %w", msg.BrokerID, queueName(s.dlqURL), err))
-	}
-	return r.end(s.acks.do(ctx, "dead-letter", msg, r, 0))
-}
-
-// fifoID returns s as a FIFO message group or deduplication ID: as is
-// when SQS takes it (1 to 128 of letters, digits and ASCII punctuation),
-// else its SHA-256 in hex.
-func fifoID(s string) string {
-	ok := s != "" && len(s) <= 128
-	for i := 0; ok && i < len(s); i++ {
-		ok = s[i] > ' ' && s[i] < 0x7f
-	}
-	if ok {
-		return s
-	}
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
 }
 
 // Valid reports whether msg is still this consumer's: not settled, the
