@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"unicode/utf8"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -37,6 +38,7 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 	body, attrs := r.body, encodeAttributes(msg.Key, headers, r.enc)
 	if size := messageSize(body, attrs); size > s.dlqMax {
 		body, attrs = trim(decodeBody(r.body, r.enc), msg.Key, headers, size-len(body), s.dlqMax)
+		s.log.Warn("sqs: dead letter too large for the dead-letter queue: payload cut", slog.String(ackwise.LogKeySource, s.name), slog.String(ackwise.LogKeyEventID, msg.EventID()), slog.String(ackwise.LogKeyBrokerID, msg.BrokerID), slog.Int("size", size), slog.Int("max", s.dlqMax))
 	}
 	in := &sqs.SendMessageInput{QueueUrl: aws.String(s.dlqURL), MessageBody: aws.String(body), MessageAttributes: attrs}
 	if s.dlqFIFO {

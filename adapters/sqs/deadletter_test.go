@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -45,7 +47,8 @@ func TestDeadLetterTrimmed(t *testing.T) {
 	if err := sink.Publish(ctx, in...); err != nil {
 		t.Fatal(err)
 	}
-	src, err := NewSource(ctx, Config{QueueURL: q, DeadLetterQueueURL: dq, Connection: conn, WaitTime: -1})
+	var logged syncBuffer
+	src, err := NewSource(ctx, Config{QueueURL: q, DeadLetterQueueURL: dq, Connection: conn, WaitTime: -1, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,6 +66,9 @@ func TestDeadLetterTrimmed(t *testing.T) {
 			}
 		}
 		got += n
+	}
+	if n := strings.Count(logged.String(), "payload cut"); n != 2 {
+		t.Errorf("%d warnings of a cut payload, want 2:\n%s", n, logged.String())
 	}
 	want := map[string][]byte{"text": text, "bin": bin}
 	dead := drain(ctx, t, c, dq)
@@ -83,4 +89,22 @@ func TestDeadLetterTrimmed(t *testing.T) {
 			t.Errorf("text payload cut inside a rune")
 		}
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writes, for a logger.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -23,7 +23,8 @@
 //	visibility  source  visibility timeout each receive asks for, 1s–12h (default: the queue's)
 //	ack_linger  source  how long an ack waits to share a DeleteMessageBatch call (default 5ms)
 //
-// Options: WithLogger gives a source's logger (a sink logs nothing and
+// Options: WithLogger gives a source's logger, which gets its warnings
+// (no dead-letter queue, a dead letter cut to fit; a sink logs nothing and
 // refuses it); WithTLSConfig is the TLS configuration of the HTTPS
 // connections; WithAWSConfig (this package's) replaces the default chain's
 // AWS configuration. WithMeterProvider and WithTracerProvider are refused:

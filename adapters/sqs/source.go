@@ -65,7 +65,8 @@ type Config struct {
 	// Zero means DefaultAckLinger; -1 means no wait (calls waiting together
 	// still share a batch).
 	AckLinger time.Duration
-	// Logger receives warnings; nil discards them.
+	// Logger receives warnings (no dead-letter queue, a dead letter cut to
+	// fit its queue); nil discards them.
 	Logger *slog.Logger
 }
 
@@ -174,6 +175,9 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 			return nil, fmt.Errorf("sqs: dead-letter queue: %w", err)
 		}
 	}
+	if s.dlqURL == "" {
+		s.log.Warn("sqs: no dead-letter queue (dlq=): DeadLetter fails and a poison message comes back after each visibility timeout, unless the queue's RedrivePolicy moves it", slog.String(ackwise.LogKeySource, s.name))
+	}
 	linger := cfg.AckLinger
 	switch linger {
 	case 0:
@@ -230,6 +234,9 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 		// More than asked for would break SQS's contract; those come back
 		// when their lease ends.
 		n := min(len(out.Messages), len(buf))
+		if len(out.Messages) > n {
+			s.log.Warn("sqs: a receive returned more messages than asked for; the rest come back after their visibility timeout", slog.String(ackwise.LogKeySource, s.name), slog.Int("asked", n), slog.Int("got", len(out.Messages)))
+		}
 		for i, m := range out.Messages[:n] {
 			buf[i] = s.message(m, arrived)
 		}
