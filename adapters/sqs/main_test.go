@@ -18,13 +18,14 @@ import (
 // free loopback port and stops it at the end.
 const envEndpoint = "ACKWISE_SQS_ENDPOINT"
 
-// testEndpoint is the endpoint the tests talk to; "" under -short, where
-// the tests that need SQS skip.
+// testEndpoint is the endpoint the tests talk to; "" under -short and in
+// a fuzz run, where the tests that need SQS skip.
 var testEndpoint string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	if testing.Short() {
+	// A fuzz run (make fuzz) needs no SQS: its target is the URL parser.
+	if f := flag.Lookup("test.fuzz"); testing.Short() || f != nil && f.Value.String() != "" {
 		os.Exit(m.Run())
 	}
 	// Dummy credentials and a region for the emulator, and no shared
@@ -116,11 +117,12 @@ func startEmulator() (endpoint string, stop func(), err error) {
 	}
 }
 
-// needSQS skips t under -short and returns the endpoint.
+// needSQS skips t under -short (and in a fuzz run) and returns the
+// endpoint.
 func needSQS(t testing.TB) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("needs the SQS emulator (not under -short)")
+	if testEndpoint == "" {
+		t.Skip("needs the SQS emulator (not under -short, nor in a fuzz run)")
 	}
 	return testEndpoint
 }
