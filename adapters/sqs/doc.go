@@ -34,7 +34,10 @@
 //
 // Receive makes one ReceiveMessage call at a time: long polling (wait),
 // up to min(len(buf), 10) messages, every message attribute and system
-// attribute, and the lease as the visibility timeout. Capabilities:
+// attribute, and the lease as the visibility timeout. A Receive cancelled
+// during a long poll (a consumer stopping) may leave messages SQS had
+// already handed out invisible until their visibility timeout ends.
+// Capabilities:
 //   - DeliveryCount: Attempt is ApproximateReceiveCount (bounded by
 //     ackwise.MaxAttempt); a producer's ackwise-attempt attribute is not
 //     read. On a redelivery, FirstFailure is ApproximateFirstReceiveTimestamp
