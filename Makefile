@@ -7,12 +7,12 @@ GOTESTFLAGS ?= -race -count=1 -timeout 20m
 FUZZTIME ?= 2m
 FUZZFLAGS ?= -parallel 1
 
-.PHONY: test vet unit bench example fmt fuzz
+.PHONY: test vet unit bench example fmt fuzz sqs-emulator
 
 # After the -race run, the breaker's outage simulation runs again at full
 # scale (1,000 msgs/s for 10 minutes of virtual time); under -race it runs at
 # 100 msgs/s.
-test: vet
+test: vet sqs-emulator
 	$(GO) test $(GOTESTFLAGS) ./...
 	$(GO) test -count=1 -run '^TestOutage' ./consumer/
 
@@ -38,6 +38,11 @@ fuzz:
 	    done; \
 	  done; \
 	  if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi; }
+
+# The SQS adapter's tests start local-aws-sqs (a Node program pinned in
+# adapters/sqs/testdata/emulator); this installs it (npm ci) when missing.
+sqs-emulator:
+	@bash adapters/sqs/testdata/emulator/ensure.sh
 
 # The offline unit run: no services needed.
 unit:
