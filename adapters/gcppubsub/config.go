@@ -1,0 +1,139 @@
+package gcppubsub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"cloud.google.com/go/pubsub/v2"
+	"google.golang.org/api/option"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Defaults of a source's Config.
+const (
+	DefaultMaxOutstandingMessages = 100
+	DefaultMaxExtension           = 60 * time.Minute
+)
+
+// Config configures a Source on one subscription.
+type Config struct {
+	// Project is the Google Cloud project the subscription belongs to.
+	Project string
+	// Subscription is the subscription's ID within Project.
+	Subscription string
+	// DeadLetterTopic is the topic DeadLetter publishes to: a topic ID in
+	// Project, or a full name "projects/P/topics/T". Required.
+	DeadLetterTopic string
+	// Endpoint is the Pub/Sub API endpoint (host:port), reached with TLS
+	// and the default credentials; empty: Google's global endpoint.
+	Endpoint string
+	// Emulator is an emulator's address (host:port), reached in plaintext
+	// without credentials, as the Google client does for
+	// PUBSUB_EMULATOR_HOST. Not with Endpoint.
+	Emulator string
+	// MaxOutstandingMessages is the client's flow control: the most
+	// messages received and not yet settled (acked, nacked, released or
+	// dead-lettered). Zero means DefaultMaxOutstandingMessages. The
+	// engine's own bound (consumer MaxInFlight) applies on top of it.
+	MaxOutstandingMessages int
+	// MaxExtension is the longest the client keeps extending a delivery's
+	// ack deadline; past it Pub/Sub may deliver the message again. Keep it
+	// above the consumer's handler timeout (plus its retries in place):
+	// a delivery held longer is no longer Valid, and its Ack fails with
+	// adapters.ErrReceiptInvalid after a warning. Zero means
+	// DefaultMaxExtension.
+	MaxExtension time.Duration
+	// AckDeadline is the ack deadline the client asks for a delivery on
+	// receipt and at each extension (ReceiveSettings.
+	// MaxDurationPerAckExtension), in [10s, 600s]: how soon Pub/Sub delivers
+	// again a message the client lost track of (one in transit when the
+	// consumer stopped, or whose consumer crashed). Zero means the client's
+	// own choice: 60s at first, then the 99th percentile of its ack times.
+	AckDeadline time.Duration
+	// Logger receives warnings (a delivery held past MaxExtension, a
+	// failed exactly-once ack); nil: slog.Default(). It is given to the
+	// Google client too.
+	Logger *slog.Logger
+	// ClientOptions are extra Google client options, applied after the
+	// adapter's own (credentials, a quota project, gRPC dial options).
+	ClientOptions []option.ClientOption
+}
+
+// SinkConfig configures a Sink on one topic.
+type SinkConfig struct {
+	// Project is the Google Cloud project the topic belongs to.
+	Project string
+	// Topic is the topic's ID within Project.
+	Topic string
+	// Endpoint and Emulator are as in Config.
+	Endpoint, Emulator string
+	// Publish tunes the client's batching (DelayThreshold,
+	// CountThreshold, ByteThreshold, Timeout, flow control); the zero
+	// value means pubsub.DefaultPublishSettings.
+	Publish *pubsub.PublishSettings
+	// Logger is given to the Google client; nil: slog.Default().
+	Logger *slog.Logger
+	// ClientOptions are as in Config.
+	ClientOptions []option.ClientOption
+}
+
+// newClient opens a Google client on project: at endpoint, or at the
+// emulator, or where the environment says (PUBSUB_EMULATOR_HOST, which the
+// client reads itself), with the default credentials unless an emulator.
+func newClient(ctx context.Context, project, endpoint, emulator string, logger *slog.Logger, extra []option.ClientOption) (*pubsub.Client, error) {
+	var opts []option.ClientOption
+	switch {
+	case emulator != "":
+		opts = append(opts,
+			option.WithEndpoint(emulator),
+			option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+			option.WithoutAuthentication(),
+			option.WithTelemetryDisabled())
+	case endpoint != "":
+		opts = append(opts, option.WithEndpoint(endpoint))
+	}
+	if logger != nil {
+		opts = append(opts, option.WithLogger(logger))
+	}
+	opts = append(opts, extra...)
+	c, err := pubsub.NewClient(ctx, project, opts...)
+	if err != nil {
+		// The client's errors name no credentials; they may name a
+		// credentials file, which is not a secret.
+		return nil, fmt.Errorf("gcppubsub: client for project %q: %w", project, err)
+	}
+	return c, nil
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Project == "":
+		return errors.New("gcppubsub: Config.Project is empty")
+	case c.Subscription == "":
+		return errors.New("gcppubsub: Config.Subscription is empty")
+	case c.DeadLetterTopic == "":
+		return errors.New("gcppubsub: Config.DeadLetterTopic is empty: ackwise dead-letters there")
+	case c.Endpoint != "" && c.Emulator != "":
+		return errors.New("gcppubsub: Config.Endpoint and Config.Emulator are both set")
+	case c.MaxOutstandingMessages < 0:
+		return fmt.Errorf("gcppubsub: Config.MaxOutstandingMessages %d is negative", c.MaxOutstandingMessages)
+	case c.AckDeadline != 0 && (c.AckDeadline < 10*time.Second || c.AckDeadline > 600*time.Second):
+		return fmt.Errorf("gcppubsub: Config.AckDeadline %v is not in [10s, 600s]", c.AckDeadline)
+	case c.MaxExtension < 0:
+		return fmt.Errorf("gcppubsub: Config.MaxExtension %v is negative", c.MaxExtension)
+	}
+	if _, _, err := topicName(c.Project, c.DeadLetterTopic); err != nil {
+		return fmt.Errorf("gcppubsub: Config.DeadLetterTopic %q: %v", c.DeadLetterTopic, err)
+	}
+	if c.MaxOutstandingMessages == 0 {
+		c.MaxOutstandingMessages = DefaultMaxOutstandingMessages
+	}
+	if c.MaxExtension == 0 {
+		c.MaxExtension = DefaultMaxExtension
+	}
+	return nil
+}
