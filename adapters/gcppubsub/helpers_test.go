@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -112,4 +114,17 @@ func (f *fake) deadLetters(ctx context.Context, t testing.TB, d dest) []*ackwise
 		}
 	}
 	return append([]*ackwise.Message(nil), f.dead[d.dlSub]...)
+}
+
+// testLogger logs through t.
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tWriter{t}, nil))
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
 }
