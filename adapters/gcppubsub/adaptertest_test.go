@@ -18,6 +18,7 @@ import (
 // received together (ReleasedLaneNotOvertaken) cannot pass on it.
 // TestOrdered checks an ordered subscription.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	f := newFake(t)
 	adaptertest.Run(t, adaptertest.Harness{Open: func(t testing.TB, fc adaptertest.FixtureConfig) adaptertest.Fixture {
 		d := f.create(t, nil)

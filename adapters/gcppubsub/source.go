@@ -471,13 +471,15 @@ func (s *Source) Close() error {
 		s.out = nil
 		s.mu.Unlock()
 		close(s.closing)
-		// Nacks Release and Nack put off (nack) go out before the
-		// client stops, and so do those of the deliveries held.
+		// Stop the stream first, so that what is nacked now is not
+		// delivered to this source again; the client's graceful shutdown
+		// still sends the nacks of the deliveries it holds. They wait out
+		// receiptGuard, as the nacks Release and Nack put off (nack) do.
+		s.cancel()
 		time.Sleep(receiptGuard)
 		for h := range held {
 			h.m.Nack()
 		}
-		s.cancel()
 		select {
 		case <-s.done:
 		case <-time.After(closeTimeout):
