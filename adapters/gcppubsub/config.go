@@ -55,8 +55,8 @@ type Config struct {
 	// own choice: 60s at first, then the 99th percentile of its ack times.
 	AckDeadline time.Duration
 	// Logger receives warnings (a delivery held past MaxExtension, a
-	// failed exactly-once ack); nil: slog.Default(). It is given to the
-	// Google client too.
+	// failed exactly-once ack); nil: slog.Default(). It is not given to the
+	// Google client, whose debug logs hold message data.
 	Logger *slog.Logger
 	// ClientOptions are extra Google client options, applied after the
 	// adapter's own (credentials, a quota project, gRPC dial options).
@@ -75,7 +75,8 @@ type SinkConfig struct {
 	// CountThreshold, ByteThreshold, Timeout, flow control); the zero
 	// value means pubsub.DefaultPublishSettings.
 	Publish *pubsub.PublishSettings
-	// Logger is given to the Google client; nil: slog.Default().
+	// Logger receives a warning when ordering keys were resumed after a
+	// failure; nil: slog.Default(). It is not given to the Google client.
 	Logger *slog.Logger
 	// ClientOptions are as in Config.
 	ClientOptions []option.ClientOption
@@ -84,7 +85,10 @@ type SinkConfig struct {
 // newClient opens a Google client on project: at endpoint, or at the
 // emulator, or where the environment says (PUBSUB_EMULATOR_HOST, which the
 // client reads itself), with the default credentials unless an emulator.
-func newClient(ctx context.Context, project, endpoint, emulator string, logger *slog.Logger, extra []option.ClientOption) (*pubsub.Client, error) {
+//
+// The adapter's logger is not given to the Google client: its debug logs
+// hold request and response bodies, message data included.
+func newClient(ctx context.Context, project, endpoint, emulator string, extra []option.ClientOption) (*pubsub.Client, error) {
 	var opts []option.ClientOption
 	switch {
 	case emulator != "":
@@ -95,9 +99,6 @@ func newClient(ctx context.Context, project, endpoint, emulator string, logger *
 			option.WithTelemetryDisabled())
 	case endpoint != "":
 		opts = append(opts, option.WithEndpoint(endpoint))
-	}
-	if logger != nil {
-		opts = append(opts, option.WithLogger(logger))
 	}
 	opts = append(opts, extra...)
 	c, err := pubsub.NewClient(ctx, project, opts...)

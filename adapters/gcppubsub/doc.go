@@ -30,12 +30,14 @@
 // endpoint= is refused beside either.
 //
 // Options of adapters.OpenSource and adapters.OpenSink: adapters.WithLogger
-// is Config.Logger / SinkConfig.Logger, given to the Google client too;
+// is Config.Logger / SinkConfig.Logger (warnings: a delivery held past
+// max_extension, a failed exactly-once ack, ordering keys resumed), not
+// given to the Google client, whose debug logs hold message data;
 // [WithClientOptions] adds Google client options. adapters.WithMeterProvider
-// and adapters.WithTracerProvider are refused (the Google client reports to
-// OpenTelemetry's global providers only; the adapter has no metrics of its
-// own), and so are adapters.WithTLSConfig (the client sets up its TLS; pass
-// gRPC dial options with WithClientOptions) and another adapter's option.
+// and adapters.WithTracerProvider are refused (the adapter has no metrics
+// or spans of its own, and does not turn on the Google client's tracing),
+// and so are adapters.WithTLSConfig (the client sets up its TLS; pass gRPC
+// dial options with WithClientOptions) and another adapter's option.
 //
 // # Source
 //

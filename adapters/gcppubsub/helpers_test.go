@@ -31,7 +31,7 @@ func newFake(t testing.TB) *fake {
 	t.Helper()
 	srv := pstest.NewServer()
 	t.Cleanup(func() { srv.Close() })
-	admin, err := newClient(context.Background(), testProject, "", srv.Addr, nil, nil)
+	admin, err := newClient(context.Background(), testProject, "", srv.Addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -17,6 +18,7 @@ import (
 type Sink struct {
 	client *pubsub.Client
 	pub    *pubsub.Publisher
+	log    *slog.Logger
 
 	mu     sync.RWMutex // held shared by Publish, exclusively by Close
 	closed bool
@@ -35,7 +37,7 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 	case cfg.Endpoint != "" && cfg.Emulator != "":
 		return nil, errors.New("gcppubsub: SinkConfig.Endpoint and SinkConfig.Emulator are both set")
 	}
-	client, err := newClient(ctx, cfg.Project, cfg.Endpoint, cfg.Emulator, cfg.Logger, cfg.ClientOptions)
+	client, err := newClient(ctx, cfg.Project, cfg.Endpoint, cfg.Emulator, cfg.ClientOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +46,11 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 		pub.PublishSettings = *cfg.Publish
 	}
 	pub.EnableMessageOrdering = true
-	return &Sink{client: client, pub: pub}, nil
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Sink{client: client, pub: pub, log: log.With("topic", pub.String())}, nil
 }
 
 // Publish publishes msgs and awaits every result. A message's attributes
@@ -78,6 +84,9 @@ func (s *Sink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	}
 	for k := range paused {
 		s.pub.ResumePublish(k)
+	}
+	if len(paused) > 0 {
+		s.log.Warn("gcppubsub: publishing failed on ordering keys, which were resumed: a message published again may come after later messages of its key", "keys", len(paused))
 	}
 	for i, err := range errs {
 		if err == nil {

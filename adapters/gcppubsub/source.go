@@ -95,7 +95,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	client, err := newClient(ctx, cfg.Project, cfg.Endpoint, cfg.Emulator, cfg.Logger, cfg.ClientOptions)
+	client, err := newClient(ctx, cfg.Project, cfg.Endpoint, cfg.Emulator, cfg.ClientOptions)
 	if err != nil {
 		return nil, err
 	}
@@ -480,15 +480,17 @@ func (s *Source) Close() error {
 		for h := range held {
 			h.m.Nack()
 		}
+		var recvErr error
 		select {
 		case <-s.done:
+			recvErr = s.recvErr
 		case <-time.After(closeTimeout):
 			s.log.Warn("gcppubsub: the client's Receive did not end in time on Close: the last acks and nacks may be lost (their messages are delivered again after their ack deadline)", "timeout", closeTimeout)
 		}
 		s.dl.Stop()
 		err = s.client.Close()
-		if s.recvErr != nil && !errors.Is(s.recvErr, context.Canceled) {
-			err = errors.Join(fmt.Errorf("gcppubsub: receiving from %s: %w", s.name, s.recvErr), err)
+		if recvErr != nil && !errors.Is(recvErr, context.Canceled) {
+			err = errors.Join(fmt.Errorf("gcppubsub: receiving from %s: %w", s.name, recvErr), err)
 		}
 	})
 	return err

@@ -196,7 +196,7 @@ func TestExactlyOnceAckFailure(t *testing.T) {
 	t.Parallel()
 	srv := pstest.NewServer(pstest.WithErrorInjection("Acknowledge", codes.PermissionDenied, "denied"))
 	t.Cleanup(func() { srv.Close() })
-	admin, err := newClient(context.Background(), testProject, "", srv.Addr, nil, nil)
+	admin, err := newClient(context.Background(), testProject, "", srv.Addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

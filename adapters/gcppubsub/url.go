@@ -187,8 +187,8 @@ func WithClientOptions(opts ...option.ClientOption) adapters.OpenOption {
 
 // withOptions returns the client options given with WithClientOptions, and
 // refuses the options the adapter cannot use: another adapter's option, a
-// meter or tracer provider (the Google client reports to OpenTelemetry's
-// global providers alone), a TLS config (the Google client sets up its own
+// meter or tracer provider (the adapter has no metrics or spans of its
+// own), a TLS config (the Google client sets up its own
 // TLS; give gRPC dial options with WithClientOptions).
 func withOptions(o adapters.OpenOptions) ([]option.ClientOption, error) {
 	if err := o.CheckAdapterOptions("gcppubsub", clientOptionsKey{}); err != nil {
@@ -198,7 +198,7 @@ func withOptions(o adapters.OpenOptions) ([]option.ClientOption, error) {
 	case o.MeterProvider != nil:
 		return nil, adapters.UnsupportedOption("gcppubsub", "WithMeterProvider", "the adapter has no metrics of its own, and the Google client reports to OpenTelemetry's global meter provider")
 	case o.TracerProvider != nil:
-		return nil, adapters.UnsupportedOption("gcppubsub", "WithTracerProvider", "the Google client traces through OpenTelemetry's global tracer provider (otel.SetTracerProvider) alone")
+		return nil, adapters.UnsupportedOption("gcppubsub", "WithTracerProvider", "the adapter has no spans of its own, and the Google client's tracing (not turned on) would use OpenTelemetry's global tracer provider")
 	case o.TLS != nil:
 		return nil, adapters.UnsupportedOption("gcppubsub", "WithTLSConfig", "the Google client sets up TLS itself; pass gRPC dial options with gcppubsub.WithClientOptions")
 	}
