@@ -214,3 +214,49 @@ func TestExactlyOnceAckFailure(t *testing.T) {
 		t.Fatalf("Ack with a failed result: %v, want ErrReceiptInvalid", err)
 	}
 }
+
+// With a fixed retry backoff the source delays through Pub/Sub: Nack
+// settles the delivery (nacks it) and the redelivery's Attempt is counted
+// by the source, there being no dead-letter policy. pstest redelivers a
+// nack at once, whatever the retry policy: the delay itself is Pub/Sub's.
+func TestNackWithFixedBackoff(t *testing.T) {
+	t.Parallel()
+	f, d := withMessages(t, func(ps *pubsubpb.Subscription) {
+		ps.RetryPolicy = &pubsubpb.RetryPolicy{MinimumBackoff: durationpb.New(10 * time.Second), MaximumBackoff: durationpb.New(10 * time.Second)}
+	}, &ackwise.Message{ID: "ev", Payload: []byte("x")})
+	src := openSource(t, f, d.sourceConfig(f))
+	if c := src.Capabilities(); !c.Delay || !slices.Equal(c.DelayTiers, []time.Duration{10 * time.Second}) || c.DeliveryCount {
+		t.Fatalf("capabilities %+v", c)
+	}
+	ctx := context.Background()
+	m := receive(t, src)
+	if err := src.Nack(ctx, m, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if src.Valid(m) {
+		t.Fatal("Valid after Nack")
+	}
+	again := receive(t, src)
+	if again.ID != "ev" || again.Attempt != 2 {
+		t.Fatalf("redelivered %s attempt %d, want ev attempt 2", again.ID, again.Attempt)
+	}
+	if err := src.Ack(ctx, again); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// On an exactly-once subscription an ack confirmed by Pub/Sub is done.
+func TestExactlyOnceAck(t *testing.T) {
+	t.Parallel()
+	f, d := withMessages(t, func(ps *pubsubpb.Subscription) { ps.EnableExactlyOnceDelivery = true }, &ackwise.Message{ID: "ev", Payload: []byte("x")})
+	src := openSource(t, f, d.sourceConfig(f))
+	m := receive(t, src)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := src.Ack(ctx, m); err != nil {
+		t.Fatal(err)
+	}
+	if pm := f.srv.Message(m.BrokerID); pm == nil || pm.Acks != 1 {
+		t.Fatalf("pstest holds %+v, want one ack", pm)
+	}
+}
