@@ -90,10 +90,14 @@
 //     message. A publish not confirmed leaves the message unsettled.
 //   - Ordered: with message ordering enabled on the subscription, Pub/Sub
 //     delivers a key's messages in publish order, one lane per key.
-//   - Close stops the stream, nacks the deliveries not settled, and waits
-//     (up to 30s) for the client to send its last acks and nacks; a settle
-//     after it fails. Messages in transit when the stream stops come back
-//     after their ack deadline.
+//   - Close first waits until the acks and nacks of the settles before it
+//     went out (the client sends them in 100ms batches, and drops those
+//     not sent when it stops): up to 250ms after the last settle or
+//     receipt. Then it stops the client, which stops its stream and nacks
+//     in one call every delivery not settled, those the engine holds and
+//     those not yet handed to Receive; it waits up to 30s for that. A
+//     settle after Close fails. Messages in transit when the stream stops
+//     come back after their ack deadline (Config.AckDeadline).
 //
 // A message's Headers are its attributes, sorted by key; its ID is the
 // attribute ackwise-event-id, its Key the ordering key, its BrokerID the

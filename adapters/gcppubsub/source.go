@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"cloud.google.com/go/pubsub/v2"
@@ -39,6 +40,15 @@ const (
 // the receipt before delivering, and nothing waits.
 const receiptGuard = 250 * time.Millisecond
 
+// flushDelay is how long after an ack or nack Close waits before it stops
+// the client: the client sends acks, nacks and receipts in batches every
+// 100ms from one goroutine, which ends, dropping what it has not sent, as
+// soon as the stream stops. Close waits flushDelay after the last settle
+// (or put-off nack, receiptGuard), and receiptGuard after the last
+// receipt, so that the nacks the client sends when it stops are not undone
+// by a receipt.
+const flushDelay = 200 * time.Millisecond
+
 // closeTimeout bounds Close's wait for the client's Receive to end.
 const closeTimeout = 30 * time.Second
 
@@ -67,6 +77,8 @@ type Source struct {
 	recvErr    error         // what it returned, read after done
 	closing    chan struct{}
 	closeOnce  sync.Once
+
+	quiet atomic.Int64 // Unix ns from which Close may stop the client: see flushDelay
 
 	mu      sync.Mutex
 	closed  bool
@@ -129,12 +141,12 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	s.sub.ReceiveSettings.MaxExtension = cfg.MaxExtension
 	s.sub.ReceiveSettings.MaxDurationPerAckExtension = cfg.AckDeadline
 	s.sub.ReceiveSettings.NumGoroutines = 1
-	// A graceful shutdown: the client's Receive returns once every
-	// delivery was settled (Close nacks those not settled) and the last
-	// acks and nacks were sent; a timed one returns before, and the nacks
-	// still to send are lost with the connection (their messages wait out
-	// their ack deadline).
-	s.sub.ReceiveSettings.ShutdownOptions = &pubsub.ShutdownOptions{Timeout: -1}
+	// On Close the client stops its stream, then nacks every delivery it
+	// holds unsettled (those the engine holds, and those not yet handed
+	// to Receive) in one call of its own: the nacks cannot be delivered
+	// back to this source, and do not wait for the client's batches,
+	// which stop with the stream.
+	s.sub.ReceiveSettings.ShutdownOptions = &pubsub.ShutdownOptions{Timeout: closeTimeout, Behavior: pubsub.ShutdownBehaviorNackImmediately}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	go s.run(rctx)
@@ -179,12 +191,13 @@ func capabilities(ps *pubsubpb.Subscription) adapters.Capabilities {
 func (s *Source) run(ctx context.Context) {
 	defer close(s.done)
 	s.recvErr = s.sub.Receive(ctx, func(ctx context.Context, m *pubsub.Message) {
+		// A message not handed to Receive before Close is left
+		// unsettled: the client nacks it when it stops.
+		s.quietAfter(time.Now().Add(receiptGuard))
 		select {
 		case s.deliveries <- m:
 		case <-ctx.Done():
-			s.nackLater(m, time.Now())
 		case <-s.closing:
-			s.nackLater(m, time.Now())
 		}
 	})
 }
@@ -229,13 +242,13 @@ func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, erro
 }
 
 // message builds the ackwise message of m and records its delivery; nil
-// (m nacked) once the source is closed.
+// once the source is closed (m is left to the client, which nacks it when
+// it stops).
 func (s *Source) message(m *pubsub.Message) *ackwise.Message {
 	h := &handle{src: s, m: m, at: time.Now()}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		s.nackLater(m, h.at)
 		return nil
 	}
 	s.out[h] = struct{}{}
@@ -290,16 +303,13 @@ func (s *Source) take(msg *ackwise.Message) (*handle, error) {
 }
 
 // giveBack returns a delivery whose settle failed before it acted (a dead
-// letter not confirmed) to the unsettled ones, or nacks it after Close.
+// letter not confirmed) to the unsettled ones; after Close it leaves it to
+// the client, which nacks what it holds when it stops.
 func (s *Source) giveBack(h *handle) {
 	s.mu.Lock()
-	closed := s.closed
-	if !closed {
+	defer s.mu.Unlock()
+	if !s.closed {
 		s.out[h] = struct{}{}
-	}
-	s.mu.Unlock()
-	if closed {
-		s.nackLater(h.m, h.at)
 	}
 }
 
@@ -346,6 +356,7 @@ func (s *Source) ack(ctx context.Context, h *handle) error {
 	}
 	if !s.eos {
 		h.m.Ack()
+		s.quietAfter(time.Now().Add(flushDelay))
 		if late {
 			return fmt.Errorf("gcppubsub: ack of %s after max_extension (%v): it may be redelivered: %w", h.m.ID, s.cfg.MaxExtension, adapters.ErrReceiptInvalid)
 		}
@@ -391,19 +402,22 @@ func (s *Source) Release(ctx context.Context, msg *ackwise.Message) error {
 func (s *Source) nack(h *handle) {
 	wait := receiptGuard - time.Since(h.at)
 	if s.eos || wait <= 0 {
+		wait = 0
 		h.m.Nack()
-		return
+	} else {
+		time.AfterFunc(wait, h.m.Nack)
 	}
-	time.AfterFunc(wait, h.m.Nack)
+	s.quietAfter(time.Now().Add(wait + flushDelay))
 }
 
-// nackLater nacks m, received at at, once receiptGuard passed, waiting for
-// it: the caller is on its way out (the client's callback, Close).
-func (s *Source) nackLater(m *pubsub.Message, at time.Time) {
-	if wait := receiptGuard - time.Since(at); !s.eos && wait > 0 {
-		time.Sleep(wait)
+// quietAfter makes Close wait until t before it stops the client.
+func (s *Source) quietAfter(t time.Time) {
+	for {
+		q := s.quiet.Load()
+		if t.UnixNano() <= q || s.quiet.CompareAndSwap(q, t.UnixNano()) {
+			return
+		}
 	}
-	m.Nack()
 }
 
 // DeadLetter publishes msg to the dead-letter topic, its data unchanged and
@@ -467,19 +481,11 @@ func (s *Source) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()
 		s.closed = true
-		held := s.out
-		s.out = nil
+		s.out = nil // left unsettled: the client nacks them when it stops
 		s.mu.Unlock()
 		close(s.closing)
-		// Stop the stream first, so that what is nacked now is not
-		// delivered to this source again; the client's graceful shutdown
-		// still sends the nacks of the deliveries it holds. They wait out
-		// receiptGuard, as the nacks Release and Nack put off (nack) do.
+		time.Sleep(time.Until(time.Unix(0, s.quiet.Load())))
 		s.cancel()
-		time.Sleep(receiptGuard)
-		for h := range held {
-			h.m.Nack()
-		}
 		var recvErr error
 		select {
 		case <-s.done:
