@@ -87,6 +87,14 @@
 // dead-letter queue DeadLetter fails with an error wrapping
 // errors.ErrUnsupported and the message comes back after its lease.
 //
+// Source.Backlog (dlq.Backlogger) is what dlq.Redrive and the ackwise CLI's
+// dlq stats read as the queue's depth: GetQueueAttributes'
+// ApproximateNumberOfMessages plus ApproximateNumberOfMessagesNotVisible
+// plus ApproximateNumberOfMessagesDelayed, every message the queue holds
+// (a dead-letter queue whose messages are in flight does not read as
+// empty). SQS's counts are approximate; a queue that does not exist is an
+// error, never 0.
+//
 // # Sink
 //
 // Publish sends with SendMessageBatch, up to 10 messages and MaxBatchBytes

@@ -17,6 +17,7 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/dlq"
 )
 
 // Defaults and limits of a Source.
@@ -121,7 +122,10 @@ type Source struct {
 	invalid adapters.InvalidHook
 }
 
-var _ adapters.Source = (*Source)(nil)
+var (
+	_ adapters.Source = (*Source)(nil)
+	_ dlq.Backlogger  = (*Source)(nil)
+)
 
 // NewSource opens a source on cfg.QueueURL. It reads the queue's
 // visibility timeout (the lease) and checks that the dead-letter queue, if
@@ -480,6 +484,52 @@ func (s *Source) ExtendLease(ctx context.Context, msg *ackwise.Message, d time.D
 func (s *Source) Valid(msg *ackwise.Message) bool {
 	r, ok := msg.Handle.(*receipt)
 	return ok && r.s == s && !s.closed.Load() && r.state.Load() == open && s.now() < time.Duration(r.deadline.Load())
+}
+
+// backlogAttributes are the counts Backlog adds up: the messages available,
+// those in flight (received, not yet deleted, their visibility timeout
+// running) and those delayed.
+var backlogAttributes = []types.QueueAttributeName{
+	types.QueueAttributeNameApproximateNumberOfMessages,
+	types.QueueAttributeNameApproximateNumberOfMessagesNotVisible,
+	types.QueueAttributeNameApproximateNumberOfMessagesDelayed,
+}
+
+// Backlog returns how many messages the queue holds by SQS's count
+// (dlq.Backlogger): GetQueueAttributes' ApproximateNumberOfMessages (those
+// available) plus ApproximateNumberOfMessagesNotVisible (in flight: taken
+// by a consumer, or left invisible by a cancelled receive or an
+// interrupted dlq run, until their visibility timeout ends) plus
+// ApproximateNumberOfMessagesDelayed. Every message the queue holds is
+// counted, so that a dead-letter queue whose messages are all in flight
+// does not read as empty; dlq.Redrive then receives fewer than that and
+// ends idle rather than at the count, as the Backlogger contract allows.
+// The counts are approximate: SQS may answer from a moment ago (on AWS, up
+// to about a minute behind); a count below the truth ends a redrive run
+// early and leaves the rest for the next run. It asks SQS each call (it
+// holds no count of its own, so it answers after Receive too), and a
+// queue that does not exist is an error, never 0.
+func (s *Source) Backlog(ctx context.Context) (int, error) {
+	out, err := s.client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
+		QueueUrl:       aws.String(s.queueURL),
+		AttributeNames: backlogAttributes,
+	})
+	if _, gone := errors.AsType[*types.QueueDoesNotExist](err); gone {
+		return 0, fmt.Errorf("sqs: backlog of queue %s: the queue does not exist: %w", s.name, err)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("sqs: backlog of queue %s: %w", s.name, err)
+	}
+	n := 0
+	for _, a := range backlogAttributes {
+		v, ok := out.Attributes[string(a)]
+		c, err := strconv.Atoi(v)
+		if !ok || err != nil || c < 0 {
+			return 0, fmt.Errorf("sqs: backlog of queue %s: SQS answered %s = %q, want a count", s.name, a, v)
+		}
+		n += c
+	}
+	return n, nil
 }
 
 // Capabilities: DeliveryCount (ApproximateReceiveCount), Lease (the
