@@ -26,6 +26,7 @@ import (
 	_ "github.com/ackwise/ackwise/adapters/kafka"
 	_ "github.com/ackwise/ackwise/adapters/memory"
 	_ "github.com/ackwise/ackwise/adapters/rabbitmq"
+	_ "github.com/ackwise/ackwise/adapters/sqs"
 )
 
 // Exit statuses.

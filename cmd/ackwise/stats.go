@@ -21,7 +21,8 @@ type statsOut struct {
 	// Messages is the sample's size.
 	Messages int `json:"messages"`
 	// SampleCutShort: the sample holds fewer messages than the depth and
-	// -n allow (the broker stopped delivering: RabbitMQ's prefetch).
+	// -n allow (the broker stopped delivering: RabbitMQ's prefetch; SQS's
+	// messages in flight, counted in the depth).
 	SampleCutShort   bool           `json:"sample_cut_short"`
 	DeadLetters      int            `json:"dead_letters"`
 	NoEnvelope       int            `json:"no_envelope"`
@@ -130,7 +131,7 @@ func printStats(w io.Writer, s statsOut, stop dlq.StopReason, a sampleArgs) {
 	fmt.Fprintf(w, "sample: %d messages (dead letters: %d, without envelope: %d)", s.Messages, s.DeadLetters, s.NoEnvelope)
 	switch {
 	case s.SampleCutShort:
-		fmt.Fprintf(w, "; cut short: %d of %d, none came within -idle %v (RabbitMQ delivers no more than its prefetch, 128 unless the URL's ?prefetch= says more; else raise -idle)", s.Messages, min(*s.Depth, a.n), a.idle)
+		fmt.Fprintf(w, "; cut short: %d of %d, none came within -idle %v (RabbitMQ delivers no more than its prefetch, 128 unless the URL's ?prefetch= says more; SQS counts the messages in flight, which come back when their visibility timeout ends; else raise -idle)", s.Messages, min(*s.Depth, a.n), a.idle)
 	case s.Depth != nil && s.Messages < *s.Depth:
 		fmt.Fprintf(w, "; %d of %d (-n %d)", s.Messages, *s.Depth, a.n)
 	}
