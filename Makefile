@@ -39,7 +39,7 @@ fuzz:
 	  done; \
 	  if [ -n "$$failed" ]; then echo "fuzz: failed:$$failed"; exit 1; fi; }
 
-# The SQS adapter's tests start local-aws-sqs (a Node program pinned in
+# The SQS adapter's and the ackwise CLI's tests start local-aws-sqs (a Node program pinned in
 # adapters/sqs/testdata/emulator); this installs it (npm ci) when missing.
 sqs-emulator:
 	@bash adapters/sqs/testdata/emulator/ensure.sh
