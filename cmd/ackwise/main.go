@@ -601,7 +601,7 @@ func destScheme(u *url.URL) string {
 }
 
 // destHost is u's host in lower case, without the broker's default ports
-// (RabbitMQ's, Kafka's 9092); a Kafka URL's hosts in sorted order (the
+// (RabbitMQ's, Kafka's 9092, SQS's 443); a Kafka URL's hosts in sorted order (the
 // client takes them as a set).
 func destHost(u *url.URL) string {
 	hosts := strings.Split(strings.ToLower(u.Host), ",")
@@ -611,6 +611,8 @@ func destHost(u *url.URL) string {
 			h = strings.TrimSuffix(strings.TrimSuffix(h, ":5672"), ":5671")
 		case "kafka":
 			h = strings.TrimSuffix(h, ":9092")
+		case "awssqs":
+			h = strings.TrimSuffix(h, ":443") // the queue URL is https://
 		}
 		hosts[i] = h
 	}

@@ -122,6 +122,9 @@ func TestSameDestinationSpellings(t *testing.T) {
 		{"amqp://h/q.dlq?vhost=a", "amqp://h/q.dlq?vhost=b", false},
 		{"amqp://h/q.dlq", "amqp://h/q.dlq?vhost=/", true},
 		{"amqp://h/q.dlq?vhost=a", "rabbit://h:5672/q.dlq?vhost=a", true},
+		{"awssqs://sqs.us-east-2.amazonaws.com/123/orders-dlq?wait=1s", "awssqs://SQS.us-east-2.amazonaws.com:443/123/orders-dlq", true},
+		{"awssqs://sqs.us-east-2.amazonaws.com/123/orders-dlq", "awssqs://sqs.us-east-2.amazonaws.com/123/orders", false},
+		{"awssqs://sqs.us-east-2.amazonaws.com/123/orders", "awssqs://sqs.us-east-2.amazonaws.com/456/orders", false},
 	} {
 		if got := sameDestination(c.a, c.b); got != c.same {
 			t.Errorf("sameDestination(%s, %s) = %v, want %v", c.a, c.b, got, c.same)
