@@ -225,6 +225,12 @@ func brokerCPU() time.Duration {
 	if pid == 0 {
 		return 0
 	}
+	return procCPU(int(pid))
+}
+
+// procCPU is the CPU time (user and system) process pid used so far, from
+// /proc/<pid>/stat, or 0 where that cannot be read.
+func procCPU(pid int) time.Duration {
 	f, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0
@@ -393,14 +399,7 @@ func consumeSource(b *testing.B, p kafkaPayload) {
 // consumeEngine runs the ackwise engine on the source: what users run.
 func consumeEngine(b *testing.B, p kafkaPayload) {
 	src, mt := kafkaTimedSource(b, "eng", p)
-	var n atomic.Int64
-	all := make(chan struct{})
-	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		if n.Add(1) == int64(b.N) {
-			close(all)
-		}
-		return nil
-	})
+	h, all := countTo(b.N)
 	runEngine(b, src, h, consumer.Config{}, all)
 	mt.report(b)
 }
@@ -437,6 +436,19 @@ func consumeWatermill(b *testing.B, p kafkaPayload) {
 	}
 	mt.report(b)
 	_ = sink
+}
+
+// countTo returns a no-op handler and a channel it closes when it has
+// handled n messages.
+func countTo(n int) (ackwise.Handler, chan struct{}) {
+	var handled atomic.Int64
+	all := make(chan struct{})
+	return ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		if handled.Add(1) == int64(n) {
+			close(all)
+		}
+		return nil
+	}), all
 }
 
 // runEngine runs the ackwise engine on src until all is closed, then stops

@@ -27,7 +27,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(kfakeChildEnv) != "" {
 		os.Exit(serveKfake())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	sqsStop() // the SQS emulator, if a benchmark started it
+	os.Exit(code)
 }
 
 // serveKfake serves a one-broker kfake cluster until SIGTERM, printing

@@ -1,0 +1,410 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/aws-sdk-go-v2/config"
+	awssqs "github.com/aws/aws-sdk-go-v2/service/sqs"
+	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters/sqs"
+	"github.com/ackwise/ackwise/consumer"
+)
+
+// SQS benchmarks run against local-aws-sqs, a Node process (started once
+// per benchmark binary from adapters/sqs/testdata/emulator, or the emulator
+// at ACKWISE_SQS_ENDPOINT). The emulator bounds throughput, so they measure
+// cost instead: API calls per message and the client's CPU per message (the
+// emulator's CPU is its own process's, reported apart).
+//
+//	go test -run '^$' -bench 'SQSConsume' -benchtime 10000x -count 5 -timeout 30m .
+const (
+	sqsEndpointEnv = "ACKWISE_SQS_ENDPOINT"
+	sqsBodySize    = 100
+)
+
+var (
+	sqsOnce     sync.Once
+	sqsEndpoint string
+	sqsNodePID  int // the emulator's process, 0 when it is not ours
+	sqsStop     = func() {}
+	sqsErr      error
+)
+
+// sqsEmulator returns the endpoint of the SQS emulator, starting it on
+// first use (stopped by TestMain). It points the AWS SDK's default chain at
+// dummy credentials and no shared files: the benchmarks never reach AWS.
+func sqsEmulator(b *testing.B) string {
+	b.Helper()
+	sqsOnce.Do(func() {
+		for k, v := range map[string]string{
+			"AWS_ACCESS_KEY_ID":           "ackwise-bench",
+			"AWS_SECRET_ACCESS_KEY":       "ackwise-bench-secret",
+			"AWS_REGION":                  "us-east-1",
+			"AWS_EC2_METADATA_DISABLED":   "true",
+			"AWS_CONFIG_FILE":             os.DevNull,
+			"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
+		} {
+			os.Setenv(k, v)
+		}
+		os.Unsetenv("AWS_PROFILE")
+		os.Unsetenv("AWS_ENDPOINT_URL")
+		os.Unsetenv("AWS_ENDPOINT_URL_SQS")
+		if sqsEndpoint = os.Getenv(sqsEndpointEnv); sqsEndpoint == "" {
+			sqsEndpoint, sqsStop, sqsErr = startSQSEmulator()
+		}
+	})
+	if sqsErr != nil {
+		b.Fatal(sqsErr)
+	}
+	return sqsEndpoint
+}
+
+// startSQSEmulator starts adapters/sqs/testdata/emulator/server.js (as
+// adapters/sqs's TestMain does) and returns its endpoint and a function
+// that stops it.
+func startSQSEmulator() (endpoint string, stop func(), err error) {
+	dir, _ := filepath.Abs(filepath.Join("..", "adapters", "sqs", "testdata", "emulator"))
+	fix := fmt.Sprintf("run %s/ensure.sh, or set %s to a running SQS emulator", dir, sqsEndpointEnv)
+	if _, err := exec.LookPath("node"); err != nil {
+		return "", nil, fmt.Errorf("node not found: %s", fix)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "local-aws-sqs", "package.json")); err != nil {
+		return "", nil, fmt.Errorf("local-aws-sqs is not installed in %s/node_modules: %s", dir, fix)
+	}
+	cmd := exec.Command("node", "server.js")
+	cmd.Dir = dir
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe() // closed: the emulator exits
+	if err != nil {
+		return "", nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, fmt.Errorf("start the SQS emulator: %w", err)
+	}
+	sqsNodePID = cmd.Process.Pid
+	stop = func() {
+		stdin.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+	}
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			line <- sc.Text()
+		}
+		close(line)
+		io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case l, ok := <-line:
+		if port, found := strings.CutPrefix(l, "listening "); ok && found {
+			return "http://127.0.0.1:" + port, stop, nil
+		}
+		stop()
+		return "", nil, fmt.Errorf("the SQS emulator (node %s/server.js) did not start: said %q", dir, l)
+	case <-time.After(60 * time.Second):
+		stop()
+		return "", nil, fmt.Errorf("the SQS emulator (node %s/server.js) did not say it listens within 60s", dir)
+	}
+}
+
+// sqsCalls counts the consuming API calls a client sends (every HTTP
+// request, retries included), by the operation in its X-Amz-Target header.
+type sqsCalls struct {
+	next                        http.RoundTripper
+	receive, delete, visibility atomic.Int64
+}
+
+func (c *sqsCalls) RoundTrip(r *http.Request) (*http.Response, error) {
+	switch r.Header.Get("X-Amz-Target") {
+	case "AmazonSQS.ReceiveMessage":
+		c.receive.Add(1)
+	case "AmazonSQS.DeleteMessage", "AmazonSQS.DeleteMessageBatch":
+		c.delete.Add(1)
+	case "AmazonSQS.ChangeMessageVisibility", "AmazonSQS.ChangeMessageVisibilityBatch":
+		c.visibility.Add(1)
+	}
+	return c.next.RoundTrip(r)
+}
+
+// sqsQueue is one benchmark's queue, filled, and the AWS configuration
+// whose HTTP client counts the calls.
+type sqsQueue struct {
+	endpoint string
+	url      string
+	aws      aws.Config
+	client   *awssqs.Client
+	calls    *sqsCalls
+}
+
+// sqsFilledQueue creates a queue (visibility timeout 30 s), sends it b.N
+// messages of sqsBodySize bytes with two message attributes
+// (ackwise-event-id, seq), collects the heap and resets the timer: the
+// consumer then starts on a backlog of b.N. The queue is deleted when b
+// ends.
+func sqsFilledQueue(b *testing.B, prefix string) *sqsQueue {
+	b.Helper()
+	endpoint := sqsEmulator(b)
+	ctx := context.Background()
+	cfg, err := config.LoadDefaultConfig(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The SDK's own transport (its connection pool sizes, and any CA
+	// bundle the environment names), counted.
+	bc, ok := cfg.HTTPClient.(*awshttp.BuildableClient)
+	if !ok {
+		b.Fatalf("the AWS configuration's HTTP client is a %T", cfg.HTTPClient)
+	}
+	calls := &sqsCalls{next: bc.GetTransport()}
+	cfg.HTTPClient = &http.Client{Transport: calls}
+	client := awssqs.NewFromConfig(cfg, func(o *awssqs.Options) { o.BaseEndpoint = aws.String(endpoint) })
+	name := fmt.Sprintf("bench-%s-%d", prefix, time.Now().UnixNano())
+	out, err := client.CreateQueue(ctx, &awssqs.CreateQueueInput{
+		QueueName:  aws.String(name),
+		Attributes: map[string]string{string(types.QueueAttributeNameVisibilityTimeout): "30"},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	q := &sqsQueue{endpoint: endpoint, url: *out.QueueUrl, aws: cfg, client: client, calls: calls}
+	b.Cleanup(func() {
+		_, _ = client.DeleteQueue(context.Background(), &awssqs.DeleteQueueInput{QueueUrl: out.QueueUrl})
+	})
+	body := strings.Repeat("x", sqsBodySize)
+	var (
+		wg   sync.WaitGroup
+		next atomic.Int64
+		fail atomic.Value
+	)
+	for range 4 {
+		wg.Go(func() {
+			for {
+				first := int(next.Add(10)) - 10
+				if first >= b.N {
+					return
+				}
+				var entries []types.SendMessageBatchRequestEntry
+				for i := first; i < min(first+10, b.N); i++ {
+					seq := strconv.Itoa(i)
+					entries = append(entries, types.SendMessageBatchRequestEntry{
+						Id:          aws.String(seq),
+						MessageBody: aws.String(body),
+						MessageAttributes: map[string]types.MessageAttributeValue{
+							ackwise.HeaderEventID: {DataType: aws.String("String"), StringValue: aws.String(name + "-" + seq)},
+							"seq":                 {DataType: aws.String("String"), StringValue: aws.String(seq)},
+						},
+					})
+				}
+				res, err := client.SendMessageBatch(ctx, &awssqs.SendMessageBatchInput{QueueUrl: out.QueueUrl, Entries: entries})
+				if err == nil && len(res.Failed) > 0 {
+					err = fmt.Errorf("send: %d entries failed: %s", len(res.Failed), aws.ToString(res.Failed[0].Code))
+				}
+				if err != nil {
+					fail.CompareAndSwap(nil, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err, _ := fail.Load().(error); err != nil {
+		b.Fatal(err)
+	}
+	runtime.GC()
+	b.ReportAllocs()
+	b.ResetTimer()
+	return q
+}
+
+// sqsMeter is where a consume run started: the wall clock, the process's
+// CPU time, the garbage collections, the emulator's CPU time and the calls
+// so far.
+type sqsMeter struct {
+	q                           *sqsQueue
+	start                       time.Time
+	cpu, node                   time.Duration
+	gcs                         uint32
+	receive, delete, visibility int64
+}
+
+func (q *sqsQueue) startMeter() sqsMeter {
+	return sqsMeter{q, time.Now(), cpuNow(), emulatorCPU(), gcCycles(),
+		q.calls.receive.Load(), q.calls.delete.Load(), q.calls.visibility.Load()}
+}
+
+// emulatorCPU is the CPU time the emulator's process used so far, or 0
+// when it is not this binary's.
+func emulatorCPU() time.Duration {
+	if sqsNodePID == 0 {
+		return 0
+	}
+	return procCPU(sqsNodePID)
+}
+
+// report reports msgs/s, the client's CPU per message (the whole process:
+// the emulator is another), the emulator's, the garbage collections, and
+// the consuming API calls per message, in all and by kind.
+func (m sqsMeter) report(b *testing.B) {
+	wall := time.Since(m.start)
+	n := float64(b.N)
+	r := m.q.calls.receive.Load() - m.receive
+	d := m.q.calls.delete.Load() - m.delete
+	v := m.q.calls.visibility.Load() - m.visibility
+	b.ReportMetric(n/wall.Seconds(), "msgs/s")
+	b.ReportMetric(float64(cpuNow()-m.cpu)/n, "cpu-ns/msg")
+	if m.node > 0 {
+		b.ReportMetric(float64(emulatorCPU()-m.node)/n, "emulator-cpu-ns/msg")
+	}
+	b.ReportMetric(float64(gcCycles()-m.gcs), "gcs")
+	b.ReportMetric(float64(r+d+v)/n, "calls/msg")
+	b.ReportMetric(float64(r)/n, "receives/msg")
+	b.ReportMetric(float64(d)/n, "deletes/msg")
+	b.ReportMetric(float64(v)/n, "visibility-changes/msg")
+}
+
+// sqsReceiveInput is the receive every variant sends: up to max messages,
+// a 20 s long poll, every message attribute and system attribute (what the
+// ackwise source asks for, so that the responses weigh the same).
+func sqsReceiveInput(url string, max int32) *awssqs.ReceiveMessageInput {
+	return &awssqs.ReceiveMessageInput{
+		QueueUrl:                    aws.String(url),
+		MaxNumberOfMessages:         max,
+		WaitTimeSeconds:             20,
+		AttributeNames:              []types.QueueAttributeName{types.QueueAttributeNameAll},
+		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
+		MessageAttributeNames:       []string{"All"},
+	}
+}
+
+// BenchmarkSQSConsume consumes b.N messages from a backlog of b.N with a
+// no-op handler, side by side in one invocation: a raw aws-sdk-go-v2 loop
+// that receives 10 and deletes them with one DeleteMessageBatch (the
+// floor), the ackwise engine on the SQS source (consumer.Config{}
+// defaults; the source's defaults: 20 s long poll, deletes batched with a
+// 5 ms linger), and a loop that receives one message per call and deletes
+// it alone (Watermill's SQS subscriber's behaviour, whose module is not
+// available here). Each op is one message; calls/msg counts receives,
+// deletes and visibility changes (HTTP requests, retries included). Raw
+// and engine run in ABBA order (see BenchmarkKafkaConsumeCommit; the second
+// runs are named #01), the one-per-call loop last.
+func BenchmarkSQSConsume(b *testing.B) {
+	order := []string{"raw-batch", "ackwise-engine", "ackwise-engine", "raw-batch", "one-per-call"}
+	run := map[string]func(*testing.B){
+		"raw-batch":      sqsRawBatch,
+		"ackwise-engine": sqsEngine,
+		"one-per-call":   sqsOnePerCall,
+	}
+	for _, name := range order {
+		b.Run(name, run[name])
+	}
+}
+
+// sqsRawBatch receives up to 10 messages per call and deletes each
+// receive's messages with one DeleteMessageBatch.
+func sqsRawBatch(b *testing.B) {
+	q := sqsFilledQueue(b, "raw")
+	mt := q.startMeter()
+	ctx := context.Background()
+	in := sqsReceiveInput(q.url, 10)
+	var (
+		entries []types.DeleteMessageBatchRequestEntry
+		sink    int
+	)
+	for n := 0; n < b.N; {
+		out, err := q.client.ReceiveMessage(ctx, in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(out.Messages) == 0 {
+			continue
+		}
+		entries = entries[:0]
+		for i, m := range out.Messages {
+			sink += len(aws.ToString(m.Body))
+			entries = append(entries, types.DeleteMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(i)), ReceiptHandle: m.ReceiptHandle})
+		}
+		res, err := q.client.DeleteMessageBatch(ctx, &awssqs.DeleteMessageBatchInput{QueueUrl: in.QueueUrl, Entries: entries})
+		if err == nil && len(res.Failed) > 0 {
+			err = fmt.Errorf("delete: %d entries failed: %s", len(res.Failed), aws.ToString(res.Failed[0].Code))
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		n += len(out.Messages)
+	}
+	mt.report(b)
+	_ = sink
+}
+
+// sqsOnePerCall receives one message per call and deletes it with its own
+// DeleteMessage call.
+func sqsOnePerCall(b *testing.B) {
+	q := sqsFilledQueue(b, "one")
+	mt := q.startMeter()
+	ctx := context.Background()
+	in := sqsReceiveInput(q.url, 1)
+	var sink int
+	for n := 0; n < b.N; {
+		out, err := q.client.ReceiveMessage(ctx, in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range out.Messages {
+			sink += len(aws.ToString(m.Body))
+			if _, err := q.client.DeleteMessage(ctx, &awssqs.DeleteMessageInput{QueueUrl: in.QueueUrl, ReceiptHandle: m.ReceiptHandle}); err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+	}
+	mt.report(b)
+	_ = sink
+}
+
+// sqsEngine runs the ackwise engine on the SQS source until it has handled
+// b.N messages, then stops it and closes the source (its pending deletes
+// sent).
+func sqsEngine(b *testing.B) {
+	q := sqsFilledQueue(b, "eng")
+	mt := q.startMeter()
+	src, err := sqs.NewSource(context.Background(), sqs.Config{
+		QueueURL:   q.url,
+		Connection: sqs.Connection{Endpoint: q.endpoint, AWS: &q.aws},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	h, all := countTo(b.N)
+	runEngine(b, src, h, consumer.Config{}, all)
+	mt.report(b)
+}
