@@ -166,12 +166,12 @@ type sqsQueue struct {
 	calls    *sqsCalls
 }
 
-// sqsFilledQueue creates a queue (visibility timeout 30 s), sends it b.N
+// sqsFilledQueue creates a queue (visibility timeout 30 s), sends it n
 // messages of sqsBodySize bytes with two message attributes
 // (ackwise-event-id, seq), collects the heap and resets the timer: the
-// consumer then starts on a backlog of b.N. The queue is deleted when b
+// consumer then starts on a backlog of n. The queue is deleted when b
 // ends.
-func sqsFilledQueue(b *testing.B, prefix string) *sqsQueue {
+func sqsFilledQueue(b *testing.B, prefix string, n int) *sqsQueue {
 	b.Helper()
 	endpoint := sqsEmulator(b)
 	ctx := context.Background()
@@ -210,11 +210,11 @@ func sqsFilledQueue(b *testing.B, prefix string) *sqsQueue {
 		wg.Go(func() {
 			for {
 				first := int(next.Add(10)) - 10
-				if first >= b.N {
+				if first >= n {
 					return
 				}
 				var entries []types.SendMessageBatchRequestEntry
-				for i := first; i < min(first+10, b.N); i++ {
+				for i := first; i < min(first+10, n); i++ {
 					seq := strconv.Itoa(i)
 					entries = append(entries, types.SendMessageBatchRequestEntry{
 						Id:          aws.String(seq),
@@ -311,16 +311,19 @@ func sqsReceiveInput(url string, max int32) *awssqs.ReceiveMessageInput {
 // that receives 10 and deletes them with one DeleteMessageBatch (the
 // floor), the ackwise engine on the SQS source (consumer.Config{}
 // defaults; the source's defaults: 20 s long poll, deletes batched with a
-// 5 ms linger), and a loop that receives one message per call and deletes
-// it alone (Watermill's SQS subscriber's behaviour, whose module is not
-// available here). Each op is one message; calls/msg counts receives,
-// deletes and visibility changes (HTTP requests, retries included). Raw
-// and engine run in ABBA order (see BenchmarkKafkaConsumeCommit; the second
-// runs are named #01), the one-per-call loop last.
+// 5 ms linger), the ackwise source driven as the raw loop is (Receive of
+// 10, AckBatch of them), and a loop that receives one message per call
+// and deletes it alone (Watermill's SQS subscriber's behaviour, whose
+// module is not available here). Each op is one message; calls/msg counts
+// receives, deletes and visibility changes (HTTP requests, retries
+// included). Raw, source and engine run in ABBA order (see
+// BenchmarkKafkaConsumeCommit; the second runs are named #01), the
+// one-per-call loop last.
 func BenchmarkSQSConsume(b *testing.B) {
-	order := []string{"raw-batch", "ackwise-engine", "ackwise-engine", "raw-batch", "one-per-call"}
+	order := []string{"raw-batch", "ackwise-source", "ackwise-engine", "ackwise-engine", "ackwise-source", "raw-batch", "one-per-call"}
 	run := map[string]func(*testing.B){
 		"raw-batch":      sqsRawBatch,
+		"ackwise-source": sqsSource,
 		"ackwise-engine": sqsEngine,
 		"one-per-call":   sqsOnePerCall,
 	}
@@ -332,7 +335,7 @@ func BenchmarkSQSConsume(b *testing.B) {
 // sqsRawBatch receives up to 10 messages per call and deletes each
 // receive's messages with one DeleteMessageBatch.
 func sqsRawBatch(b *testing.B) {
-	q := sqsFilledQueue(b, "raw")
+	q := sqsFilledQueue(b, "raw", b.N)
 	mt := q.startMeter()
 	ctx := context.Background()
 	in := sqsReceiveInput(q.url, 10)
@@ -369,7 +372,7 @@ func sqsRawBatch(b *testing.B) {
 // sqsOnePerCall receives one message per call and deletes it with its own
 // DeleteMessage call.
 func sqsOnePerCall(b *testing.B) {
-	q := sqsFilledQueue(b, "one")
+	q := sqsFilledQueue(b, "one", b.N)
 	mt := q.startMeter()
 	ctx := context.Background()
 	in := sqsReceiveInput(q.url, 1)
@@ -391,12 +394,10 @@ func sqsOnePerCall(b *testing.B) {
 	_ = sink
 }
 
-// sqsEngine runs the ackwise engine on the SQS source until it has handled
-// b.N messages, then stops it and closes the source (its pending deletes
-// sent).
-func sqsEngine(b *testing.B) {
-	q := sqsFilledQueue(b, "eng")
-	mt := q.startMeter()
+// sqsOpenSource opens the ackwise SQS source on q, with the source's
+// defaults.
+func sqsOpenSource(b *testing.B, q *sqsQueue) *sqs.Source {
+	b.Helper()
 	src, err := sqs.NewSource(context.Background(), sqs.Config{
 		QueueURL:   q.url,
 		Connection: sqs.Connection{Endpoint: q.endpoint, AWS: &q.aws},
@@ -404,7 +405,96 @@ func sqsEngine(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	return src
+}
+
+// sqsSource drives the ackwise source directly, as the raw batch loop does:
+// Receive up to 10, then AckBatch them (one DeleteMessageBatch).
+func sqsSource(b *testing.B) {
+	q := sqsFilledQueue(b, "src", b.N)
+	mt := q.startMeter()
+	src := sqsOpenSource(b, q)
+	ctx := context.Background()
+	buf := make([]*ackwise.Message, 10)
+	errs := make([]error, 10)
+	var sink int
+	for n := 0; n < b.N; {
+		k, err := src.Receive(ctx, buf)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, m := range buf[:k] {
+			sink += len(m.Payload)
+		}
+		src.AckBatch(ctx, buf[:k], errs[:k])
+		for _, err := range errs[:k] {
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		n += k
+	}
+	if err := src.Close(); err != nil {
+		b.Fatal(err)
+	}
+	mt.report(b)
+	_ = sink
+}
+
+// sqsEngine runs the ackwise engine on the SQS source until it has handled
+// b.N messages, then stops it and closes the source (its pending deletes
+// sent).
+func sqsEngine(b *testing.B) {
+	q := sqsFilledQueue(b, "eng", b.N)
+	mt := q.startMeter()
+	src := sqsOpenSource(b, q)
 	h, all := countTo(b.N)
 	runEngine(b, src, h, consumer.Config{}, all)
 	mt.report(b)
+}
+
+// BenchmarkSQSIdle runs each consumer on an empty queue, waiting in long
+// polls, and reports the client's CPU per second of that wait (cpu-µs/s)
+// and its API calls per second: a raw aws-sdk-go-v2 loop of 20 s long
+// polls, and the ackwise engine on the SQS source (defaults). Each op is
+// one second.
+//
+//	go test -run '^$' -bench 'SQSIdle' -benchtime 5x -count 5 .
+func BenchmarkSQSIdle(b *testing.B) {
+	b.Run("raw-long-poll", func(b *testing.B) {
+		q := sqsFilledQueue(b, "idle-raw", 0)
+		mt := q.startMeter()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(b.N)*time.Second)
+		defer cancel()
+		in := sqsReceiveInput(q.url, 10)
+		for ctx.Err() == nil {
+			out, err := q.client.ReceiveMessage(ctx, in)
+			if err == nil && len(out.Messages) > 0 {
+				b.Fatal("a message in the empty queue")
+			}
+		}
+		mt.reportIdle(b)
+	})
+	b.Run("ackwise-engine", func(b *testing.B) {
+		q := sqsFilledQueue(b, "idle-eng", 0)
+		mt := q.startMeter()
+		src := sqsOpenSource(b, q)
+		h, _ := countTo(1)
+		stop := make(chan struct{})
+		time.AfterFunc(time.Duration(b.N)*time.Second, func() { close(stop) })
+		runEngine(b, src, h, consumer.Config{}, stop)
+		mt.reportIdle(b)
+	})
+}
+
+// reportIdle reports the client's and the emulator's CPU per second of
+// wall time, and the consuming API calls per second, since m.
+func (m sqsMeter) reportIdle(b *testing.B) {
+	secs := time.Since(m.start).Seconds()
+	calls := m.q.calls.receive.Load() - m.receive + m.q.calls.delete.Load() - m.delete + m.q.calls.visibility.Load() - m.visibility
+	b.ReportMetric(float64(cpuNow()-m.cpu)/1e3/secs, "cpu-µs/s")
+	if m.node > 0 {
+		b.ReportMetric(float64(emulatorCPU()-m.node)/1e3/secs, "emulator-cpu-µs/s")
+	}
+	b.ReportMetric(float64(calls)/secs, "calls/s")
 }
