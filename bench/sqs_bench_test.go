@@ -1,15 +1,11 @@
 package bench
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -26,6 +22,7 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters/sqs"
+	"github.com/ackwise/ackwise/adapters/sqs/sqstest"
 	"github.com/ackwise/ackwise/consumer"
 )
 
@@ -37,8 +34,7 @@ import (
 //
 //	go test -run '^$' -bench 'SQSConsume' -benchtime 10000x -count 5 -timeout 30m .
 const (
-	sqsEndpointEnv = "ACKWISE_SQS_ENDPOINT"
-	sqsBodySize    = 100
+	sqsBodySize = 100
 )
 
 var (
@@ -55,87 +51,15 @@ var (
 func sqsEmulator(b *testing.B) string {
 	b.Helper()
 	sqsOnce.Do(func() {
-		for k, v := range map[string]string{
-			"AWS_ACCESS_KEY_ID":           "ackwise-bench",
-			"AWS_SECRET_ACCESS_KEY":       "ackwise-bench-secret",
-			"AWS_REGION":                  "us-east-1",
-			"AWS_EC2_METADATA_DISABLED":   "true",
-			"AWS_CONFIG_FILE":             os.DevNull,
-			"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
-		} {
-			os.Setenv(k, v)
-		}
-		os.Unsetenv("AWS_PROFILE")
-		os.Unsetenv("AWS_ENDPOINT_URL")
-		os.Unsetenv("AWS_ENDPOINT_URL_SQS")
-		if sqsEndpoint = os.Getenv(sqsEndpointEnv); sqsEndpoint == "" {
-			sqsEndpoint, sqsStop, sqsErr = startSQSEmulator()
+		sqstest.Isolate()
+		if sqsEndpoint = os.Getenv(sqstest.EnvEndpoint); sqsEndpoint == "" {
+			sqsEndpoint, sqsNodePID, sqsStop, sqsErr = sqstest.StartProcess()
 		}
 	})
 	if sqsErr != nil {
 		b.Fatal(sqsErr)
 	}
 	return sqsEndpoint
-}
-
-// startSQSEmulator starts adapters/sqs/testdata/emulator/server.js (as
-// adapters/sqs's TestMain does) and returns its endpoint and a function
-// that stops it.
-func startSQSEmulator() (endpoint string, stop func(), err error) {
-	dir, _ := filepath.Abs(filepath.Join("..", "adapters", "sqs", "testdata", "emulator"))
-	fix := fmt.Sprintf("run %s/ensure.sh, or set %s to a running SQS emulator", dir, sqsEndpointEnv)
-	if _, err := exec.LookPath("node"); err != nil {
-		return "", nil, fmt.Errorf("node not found: %s", fix)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "local-aws-sqs", "package.json")); err != nil {
-		return "", nil, fmt.Errorf("local-aws-sqs is not installed in %s/node_modules: %s", dir, fix)
-	}
-	cmd := exec.Command("node", "server.js")
-	cmd.Dir = dir
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe() // closed: the emulator exits
-	if err != nil {
-		return "", nil, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("start the SQS emulator: %w", err)
-	}
-	sqsNodePID = cmd.Process.Pid
-	stop = func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	}
-	line := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		if sc.Scan() {
-			line <- sc.Text()
-		}
-		close(line)
-		io.Copy(io.Discard, stdout)
-	}()
-	select {
-	case l, ok := <-line:
-		if port, found := strings.CutPrefix(l, "listening "); ok && found {
-			return "http://127.0.0.1:" + port, stop, nil
-		}
-		stop()
-		return "", nil, fmt.Errorf("the SQS emulator (node %s/server.js) did not start: said %q", dir, l)
-	case <-time.After(60 * time.Second):
-		stop()
-		return "", nil, fmt.Errorf("the SQS emulator (node %s/server.js) did not say it listens within 60s", dir)
-	}
 }
 
 // sqsCalls counts the consuming API calls a client sends (every HTTP

@@ -43,19 +43,7 @@ func Main(m *testing.M, endpoint *string) {
 	if f := flag.Lookup("test.fuzz"); testing.Short() || f != nil && f.Value.String() != "" {
 		os.Exit(m.Run())
 	}
-	for k, v := range map[string]string{
-		"AWS_ACCESS_KEY_ID":           "ackwise-test",
-		"AWS_SECRET_ACCESS_KEY":       "ackwise-test-secret",
-		"AWS_REGION":                  "us-east-1",
-		"AWS_EC2_METADATA_DISABLED":   "true",
-		"AWS_CONFIG_FILE":             os.DevNull,
-		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
-	} {
-		os.Setenv(k, v)
-	}
-	for _, k := range []string{"AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SQS", "AWS_SESSION_TOKEN"} {
-		os.Unsetenv(k)
-	}
+	Isolate()
 	*endpoint = os.Getenv(EnvEndpoint)
 	stop := func() {}
 	if *endpoint == "" {
@@ -71,6 +59,25 @@ func Main(m *testing.M, endpoint *string) {
 	os.Exit(code)
 }
 
+// Isolate gives the process dummy AWS credentials and a region, and turns
+// off shared config files, profiles, endpoint overrides and instance
+// metadata, so that nothing the tests or benchmarks run can reach AWS.
+func Isolate() {
+	for k, v := range map[string]string{
+		"AWS_ACCESS_KEY_ID":           "ackwise-test",
+		"AWS_SECRET_ACCESS_KEY":       "ackwise-test-secret",
+		"AWS_REGION":                  "us-east-1",
+		"AWS_EC2_METADATA_DISABLED":   "true",
+		"AWS_CONFIG_FILE":             os.DevNull,
+		"AWS_SHARED_CREDENTIALS_FILE": os.DevNull,
+	} {
+		os.Setenv(k, v)
+	}
+	for _, k := range []string{"AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_SQS", "AWS_SESSION_TOKEN"} {
+		os.Unsetenv(k)
+	}
+}
+
 // Dir is the directory of the pinned emulator
 // (adapters/sqs/testdata/emulator of this module's source tree).
 func Dir() string {
@@ -83,27 +90,34 @@ func Dir() string {
 // also exits when the process that started it dies (its standard input
 // closes).
 func Start() (endpoint string, stop func(), err error) {
+	endpoint, _, stop, err = StartProcess()
+	return endpoint, stop, err
+}
+
+// StartProcess is Start, and also returns the emulator's process ID (for
+// a benchmark that reads the emulator's CPU time).
+func StartProcess() (endpoint string, pid int, stop func(), err error) {
 	dir := Dir()
 	fix := fmt.Sprintf("run %s/ensure.sh (it installs node, npm and the pinned local-aws-sqs), or set %s to a running SQS emulator", dir, EnvEndpoint)
 	if _, err := exec.LookPath("node"); err != nil {
-		return "", nil, fmt.Errorf("node not found: %s", fix)
+		return "", 0, nil, fmt.Errorf("node not found: %s", fix)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "node_modules", "local-aws-sqs", "package.json")); err != nil {
-		return "", nil, fmt.Errorf("local-aws-sqs is not installed in %s/node_modules: %s", dir, fix)
+		return "", 0, nil, fmt.Errorf("local-aws-sqs is not installed in %s/node_modules: %s", dir, fix)
 	}
 	cmd := exec.Command("node", "server.js")
 	cmd.Dir = dir
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe() // closed: the emulator exits
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", nil, fmt.Errorf("start the SQS emulator: %w", err)
+		return "", 0, nil, fmt.Errorf("start the SQS emulator: %w", err)
 	}
 	stop = func() {
 		stdin.Close()
@@ -130,11 +144,11 @@ func Start() (endpoint string, stop func(), err error) {
 		port, found := strings.CutPrefix(l, "listening ")
 		if !ok || !found {
 			stop()
-			return "", nil, fmt.Errorf("the SQS emulator (node %s/server.js) did not start: said %q", dir, l)
+			return "", 0, nil, fmt.Errorf("the SQS emulator (node %s/server.js) did not start: said %q", dir, l)
 		}
-		return "http://127.0.0.1:" + port, stop, nil
+		return "http://127.0.0.1:" + port, cmd.Process.Pid, stop, nil
 	case <-time.After(60 * time.Second):
 		stop()
-		return "", nil, fmt.Errorf("the SQS emulator (node %s/server.js) did not say it listens within 60s", dir)
+		return "", 0, nil, fmt.Errorf("the SQS emulator (node %s/server.js) did not say it listens within 60s", dir)
 	}
 }
