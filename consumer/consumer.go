@@ -204,6 +204,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	c.pool.work = make(chan *chunk, c.cfg.MaxInFlight)
 	c.pool.slots = make(chan struct{}, c.cfg.Concurrency)
+	c.pool.watchWake = make(chan struct{}, 1)
+	c.pool.watchParked = false
 	c.pace.reset()
 	if c.invalid != nil {
 		c.invalid.OnInvalid(c.wakeInvalid)

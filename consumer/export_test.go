@@ -41,3 +41,11 @@ func Stopping(c *Consumer) bool { return c.stopping.Load() }
 
 // MaxInFlightOf is c's MaxInFlight, defaults applied.
 func MaxInFlightOf(c *Consumer) int { return c.cfg.MaxInFlight }
+
+// StallWatchParked reports whether the stall watch is parked (found
+// nothing in flight and waits for dispatch instead of ticking).
+func StallWatchParked(c *Consumer) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pool.watchParked
+}

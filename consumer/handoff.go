@@ -64,6 +64,12 @@ type pool struct {
 	freeChunks  []*chunk
 	dispatchCh  chunk    // dispatch's, by the receive loop, reset by recycleLocked
 	dispatchBuf []*chunk // dispatch's scratch, owned by the receive loop
+
+	// watchParked says the stall watch found nothing in flight and waits
+	// on watchWake instead of ticking (under c.mu); dispatch wakes it when
+	// messages come in. An idle consumer then costs no wake-ups.
+	watchParked bool
+	watchWake   chan struct{} // capacity 1; set by Run
 }
 
 // task is an in-flight message on its way to a handler, with its lane (nil
@@ -156,6 +162,13 @@ func (p *pool) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
 		return
 	}
 	c.inflight += len(msgs)
+	if p.watchParked {
+		p.watchParked = false
+		select {
+		case p.watchWake <- struct{}{}:
+		default:
+		}
+	}
 	// The ready tasks go straight into the dispatch chunk, kept for
 	// dispatch alone (ReceiveBatch tasks long): run inline, it is the
 	// chunk; handed off, it is cut into one chunk per worker.
@@ -421,6 +434,10 @@ func (p *pool) stallWatch(quit <-chan struct{}) {
 				w.progress.Store(prog)
 			}
 		}
+		// Nothing in flight and nothing taken: no handler can stall until
+		// dispatch brings messages, which wakes the watch.
+		park := c.inflight == 0 && len(taken) == 0
+		p.watchParked = park
 		c.mu.Unlock()
 		for i, rs := range taken {
 			tmp := workerState{ran: rs}
@@ -430,6 +447,19 @@ func (p *pool) stallWatch(quit <-chan struct{}) {
 			taken[i] = nil
 		}
 		taken = taken[:0]
+		if park {
+			t.Stop()
+			select {
+			case <-p.watchWake:
+			case <-quit:
+				return
+			}
+			// Progress made while parked is not a stall.
+			for i, w := range p.workers {
+				seen[i] = w.progress.Load()
+			}
+			t.Reset(stallAfter)
+		}
 	}
 }
 
