@@ -444,7 +444,7 @@ func (l *list) Set(v string) error {
 }
 
 func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (err error) {
-	c := newCommand("redrive", "ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N] [-dry-run] [-reason permanent] [-idle 2s] [-publish-timeout 30s] [-max-redrives 3] [-force]")
+	c := newCommand("redrive", "ackwise dlq redrive <dlq-source-url> <target-sink-url> [-rate 10] [-max N] [-dry-run] [-reason permanent] [-idle 2s] [-publish-timeout 30s] [-max-redrives 3] [-force] [-native]")
 	rateF := c.fs.Float64("rate", dlq.DefaultRate, "publish at most `N` messages a second (-1: no cap)")
 	maxF := c.fs.Int("max", 0, "move at most `N` messages (0: no limit); with -dry-run, count at most N")
 	dry := c.fs.Bool("dry-run", false, "decide and print, move nothing")
@@ -457,6 +457,7 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	maxRedrives := c.fs.Int("max-redrives", dlq.DefaultMaxRedrives, "leave dead letters that were redriven `N` times already (their "+dlq.HeaderRedriveCount+" header) where they are, and report them")
 	force := c.fs.Bool("force", false, "move the dead letters -max-redrives would leave (never one event twice in a run)")
 	verbose := c.fs.Bool("v", false, "print a line for every message, not only in a dry run")
+	native := c.fs.Bool("native", false, "awssqs:// only: SQS's own move task (StartMessageMoveTask) at -rate (whole, 1 to 500; -1: SQS's choice), moving every message as it is; takes no other flag")
 	pos, err := c.parse(args, "<dlq-source-url>", "<target-sink-url>")
 	if err != nil {
 		return err
@@ -478,6 +479,18 @@ func cmdRedrive(ctx context.Context, args []string, stdout, stderr io.Writer) (e
 	}
 	if sameDestination(pos[0], pos[1]) {
 		return c.usageErr("the dead-letter source and the target are the same destination (%s)", redact(pos[0]))
+	}
+	if *native {
+		var set []string
+		c.fs.Visit(func(f *flag.Flag) { set = append(set, f.Name) })
+		rate, err := nativeArgs(set, *rateF)
+		if err != nil {
+			return c.usageErr("%v", err)
+		}
+		if handled, err := nativeRedrive(ctx, pos[0], pos[1], rate, stdout); handled {
+			return err
+		}
+		return c.usageErr("-native: %s is not an awssqs:// URL (SQS's move task moves between SQS queues)", redact(pos[0]))
 	}
 	opts := dlq.RedriveOptions{Rate: *rateF, Max: *maxF, DryRun: *dry, IdleTimeout: *idle, MaxHeld: *maxHeld, PublishTimeout: *pubTimeout, MaxRedrives: *maxRedrives, Force: *force}
 	if err := opts.Validate(); err != nil {
