@@ -6,6 +6,7 @@
 //	                    [-dry-run] [-reason permanent,...] [-class transient,...]
 //	                    [-idle 2s] [-max-held 10000] [-publish-timeout 30s]
 //	                    [-max-redrives 3] [-force] [-v]
+//	ackwise dlq redrive <awssqs-dlq-url> <awssqs-target-url> -native [-rate 10]
 //
 // URLs are opened with adapters.OpenSource and adapters.OpenSink; the
 // command registers the mem, kafka, amqp/amqps/rabbit and awssqs schemes
@@ -37,6 +38,13 @@
 // redriven -max-redrives times already unless -force; it moves an event at
 // most once per run; and it receives no more messages than the dead-letter
 // destination held when it started, where the broker can tell.
+//
+// redrive -native (awssqs:// URLs only) lets SQS move the messages instead,
+// with its own move task (sqs.MoveTask: StartMessageMoveTask at -rate, 1 to
+// 500 a second, -1 for SQS's choice), printing its progress: every message
+// moves as it is, with no filter, count or envelope removal, and it takes
+// no other flag. It is the way to redrive dead letters SQS moved itself
+// (the adapter's dlq_mode=broker), which carry no envelope.
 //
 // Payloads are never printed (they may hold personal data); passwords in URLs
 // are never printed.
