@@ -78,9 +78,12 @@ func TestURLErrors(t *testing.T) {
 			t.Errorf("%s: %v, want an ErrBadURL saying %s (and no password)", c.url, err, c.want)
 		}
 	}
-	u, _ := url.Parse("awssqs://h/1/q?dlq=d")
-	if _, err := SinkConfigFromURL(u); err == nil || !strings.Contains(err.Error(), `"dlq" is for a source`) {
-		t.Errorf("sink with dlq=: %v", err)
+	for _, p := range []string{"dlq=d", "dlq_mode=broker", "max_attempts=3"} {
+		u, _ := url.Parse("awssqs://h/1/q?" + p)
+		name, _, _ := strings.Cut(p, "=")
+		if _, err := SinkConfigFromURL(u); err == nil || !strings.Contains(err.Error(), `"`+name+`" is for a source`) {
+			t.Errorf("sink with %s: %v", p, err)
+		}
 	}
 }
 
