@@ -550,12 +550,21 @@ func (s Simulation[S]) shrink(tr SimTrace) (SimTrace, int) {
 			}
 		}
 	}
-	for changed := true; changed; { // one at a time until none can go
+	// One at a time until none can go. A fault that made its message be
+	// delivered again (a lost ack, a failure) numbers the later faults of
+	// that message by deliveries it caused: removing it, try those one
+	// delivery earlier too.
+	for changed := true; changed; {
 		changed = false
 		for i := 0; i < len(best.Faults); i++ {
 			cur := best.Faults
 			cand := append(append([]SimFault(nil), cur[:i]...), cur[i+1:]...)
 			if try(cand) {
+				changed = true
+				i--
+				continue
+			}
+			if shifted, ok := shiftDeliveries(cand, cur[i]); ok && try(shifted) {
 				changed = true
 				i--
 			}
@@ -633,4 +642,18 @@ func runPattern(name string) string {
 		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
 	}
 	return strings.Join(parts, "/")
+}
+
+// shiftDeliveries returns faults with those of removed's message at later
+// deliveries moved one delivery earlier, and whether there were any.
+func shiftDeliveries(faults []SimFault, removed SimFault) ([]SimFault, bool) {
+	out := append([]SimFault(nil), faults...)
+	moved := false
+	for i := range out {
+		if out[i].Index == removed.Index && out[i].Delivery > removed.Delivery {
+			out[i].Delivery--
+			moved = true
+		}
+	}
+	return out, moved
 }

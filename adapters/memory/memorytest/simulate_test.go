@@ -15,6 +15,7 @@ import (
 	"github.com/ackwise/ackwise/adapters/memory/memorytest"
 	"github.com/ackwise/ackwise/middleware"
 	"github.com/ackwise/ackwise/middleware/meminbox"
+	"github.com/ackwise/ackwise/retry"
 )
 
 // orders is the workload of the seed scenario (shared/seeds/000): ten
@@ -209,5 +210,243 @@ func TestSimulateInboxPasses1000Seeds(t *testing.T) {
 				Faults: memorytest.FaultRates{CrashBeforeAck: 0.05, CrashAfterAck: 0.05, LoseAck: 0.05, Duplicate: 0.1, Reorder: 0.3, Rebalance: 0.05, Outage: 0.03},
 			})
 		})
+	}
+}
+
+// accounts is the durable state of the balance scenarios: each account's
+// balance and the version it was last set at.
+type accounts struct {
+	mu       sync.Mutex
+	balance  map[string]int64
+	version  map[string]int64
+	lastSeen map[string]string // last event ID handled per account (the shortcut of TestSimulateFindsLastEventDedupe)
+	store    *meminbox.Store
+}
+
+func newAccounts(env *memorytest.SimEnv) *accounts {
+	return &accounts{balance: map[string]int64{}, version: map[string]int64{}, lastSeen: map[string]string{}, store: meminbox.New(env.Clock())}
+}
+
+// balanceEvents returns four versions of each of five accounts: "the
+// balance of acc-k is now v×10 (version v)", interleaved by account.
+func balanceEvents() []*ackwise.Message {
+	var msgs []*ackwise.Message
+	for v := int64(1); v <= 4; v++ {
+		for k := 1; k <= 5; k++ {
+			m := memorytest.Msg(fmt.Sprintf("acc-%d-v%d", k, v), fmt.Sprintf("acc-%d", k), strconv.FormatInt(v*10, 10))
+			m.Headers.Set(ackwise.HeaderAggregateVersion, strconv.FormatInt(v, 10))
+			msgs = append(msgs, m)
+		}
+	}
+	return msgs
+}
+
+// latestApplied is the invariant: each account's balance is the one of the
+// highest version acked for it.
+func latestApplied(env *memorytest.SimEnv, a *accounts) error {
+	want := map[string]string{}
+	top := map[string]int64{}
+	for _, m := range env.Messages() {
+		if m.Outcome != memorytest.SimAcked {
+			continue
+		}
+		var v int64
+		fmt.Sscanf(m.ID[strings.LastIndex(m.ID, "-v")+2:], "%d", &v)
+		if v > top[m.Key] {
+			top[m.Key], want[m.Key] = v, strconv.FormatInt(v*10, 10)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for acct, w := range want {
+		if got := strconv.FormatInt(a.balance[acct], 10); got != w {
+			return fmt.Errorf("%s: balance %s, want %s (version %d)", acct, got, w, top[acct])
+		}
+	}
+	return nil
+}
+
+func (a *accounts) set(acct string, bal int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.balance[acct] = bal
+}
+
+// versionOutsideTx checks the version and records it before the effect,
+// outside the inbox's claim: when the effect then fails (the ledger is
+// down), the version stays recorded and the retry is skipped as stale.
+func versionOutsideTx(env *memorytest.SimEnv, a *accounts) ackwise.Handler {
+	h := ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+		v, err := middleware.AggregateVersion(msg)
+		if err != nil {
+			return ackwise.Permanent(err)
+		}
+		bal, _ := strconv.ParseInt(string(msg.Payload), 10, 64)
+		a.mu.Lock()
+		stale := v <= a.version[msg.Key]
+		if !stale {
+			a.version[msg.Key] = v // the bug: recorded before the effect, never rolled back
+		}
+		a.mu.Unlock()
+		if stale {
+			return nil
+		}
+		return env.Call(ctx, "ledger", func() error { a.set(msg.Key, bal); return nil })
+	})
+	inbox, err := middleware.Inbox(a.store, middleware.InboxConfig{Consumer: "ledger"})
+	if err != nil {
+		panic(err)
+	}
+	return ackwise.Chain(h, inbox)
+}
+
+// versionGated is the fix: the version gate records the version in the
+// claim that commits only when the effect succeeded.
+func versionGated(env *memorytest.SimEnv, a *accounts) ackwise.Handler {
+	h := ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+		bal, _ := strconv.ParseInt(string(msg.Payload), 10, 64)
+		return env.Call(ctx, "ledger", func() error { a.set(msg.Key, bal); return nil })
+	})
+	gate, err := middleware.VersionGate(a.store, middleware.VersionGateConfig{Consumer: "ledger"})
+	if err != nil {
+		panic(err)
+	}
+	return ackwise.Chain(h, gate)
+}
+
+func TestSimulateFindsVersionCheckOutsideTheTransaction(t *testing.T) {
+	t.Parallel()
+	sim := memorytest.Simulation[*accounts]{
+		Workload: balanceEvents(),
+		Init:     newAccounts,
+		Setup:    versionOutsideTx,
+		Check:    latestApplied,
+		Seeds:    1000,
+		Faults:   memorytest.FaultRates{CrashBeforeAck: 0.03, CrashAfterAck: 0.03, LoseAck: 0.03, Duplicate: 0.05, Reorder: 0.3, Outage: 0.02},
+	}
+	msg := simulateFailure(t, sim)
+	if msg == "" {
+		t.Fatal("1,000 seeds passed: the bug was not found")
+	}
+	if n := shrunkFaults(t, msg); n > 3 || !strings.Contains(msg, "outage on") {
+		t.Errorf("shrunk to %d faults, want at most 3, an outage among them:\n%s", n, msg)
+	}
+	t.Log(msg)
+
+	sim.Setup = versionGated
+	memorytest.Simulate(t, sim)
+}
+
+// lastEventDedupe remembers only the last event ID handled per key, with
+// the effect: "keys are delivered in order, so a repeat is always the last
+// one". It holds under every single fault, and breaks when a message
+// whose ack was lost goes back behind a newer one of its key.
+func lastEventDedupe(env *memorytest.SimEnv, a *accounts) ackwise.Handler {
+	return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+		if err := env.Call(ctx, "ledger", func() error { return nil }); err != nil {
+			return err
+		}
+		bal, _ := strconv.ParseInt(string(msg.Payload), 10, 64)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if a.lastSeen[msg.Key] == msg.ID {
+			return nil // a repeat
+		}
+		a.lastSeen[msg.Key] = msg.ID
+		a.balance[msg.Key] += bal // one transaction: effect and dedupe record
+		return nil
+	})
+}
+
+// sumOnce is the invariant of the running balance: each acked event added
+// once.
+func sumOnce(env *memorytest.SimEnv, a *accounts) error {
+	want := map[string]int64{}
+	for _, m := range env.Messages() {
+		if m.Outcome == memorytest.SimAcked {
+			var v int64
+			fmt.Sscanf(m.ID[strings.LastIndex(m.ID, "-v")+2:], "%d", &v)
+			want[m.Key] += v * 10
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for acct, w := range want {
+		if got := a.balance[acct]; got != w {
+			return fmt.Errorf("%s: balance %d, want %d", acct, got, w)
+		}
+	}
+	return nil
+}
+
+func TestSimulateFindsLastEventDedupe(t *testing.T) {
+	t.Parallel()
+	sim := memorytest.Simulation[*accounts]{
+		Workload:   balanceEvents(),
+		Init:       newAccounts,
+		Setup:      lastEventDedupe,
+		Check:      sumOnce,
+		KeyOrdered: true,
+		Seeds:      1000,
+	}
+	// Correct under each fault alone.
+	for _, rates := range []memorytest.FaultRates{
+		{CrashBeforeAck: 0.1}, {CrashAfterAck: 0.1}, {LoseAck: 0.1}, {Duplicate: 0.1}, {Reorder: 1}, {Outage: 0.05},
+	} {
+		one := sim
+		one.Faults, one.Seeds = rates, 200
+		if msg := simulateFailure(t, one); msg != "" {
+			t.Fatalf("fails under a single fault kind %+v:\n%s", rates, msg)
+		}
+	}
+	msg := simulateFailure(t, sim)
+	if msg == "" {
+		t.Fatal("1,000 seeds passed: the bug was not found")
+	}
+	if n := shrunkFaults(t, msg); n > 3 || !strings.Contains(msg, "reorder on") {
+		t.Errorf("shrunk to %d faults, want at most 3, a reorder among them:\n%s", n, msg)
+	}
+	t.Log(msg)
+}
+
+// TestSimulateSameSeedSameTimeline: with one worker a seed's timeline is
+// the same on every run.
+func TestSimulateSameSeedSameTimeline(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []memorytest.SimMode{memorytest.SimQueue, memorytest.SimLog} {
+		sim := memorytest.Simulation[*shop]{
+			Workload: orders(),
+			Init:     newShop,
+			Setup: func(env *memorytest.SimEnv, s *shop) ackwise.Handler {
+				h := withInbox(env, s)
+				return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+					if err := h.Handle(ctx, msg); err != nil {
+						return err
+					}
+					_ = env.Publish(ctx, memorytest.Msg(msg.ID+"-receipt", msg.Key, "charged"))
+					return env.Call(ctx, "mailer", func() error { return nil })
+				})
+			},
+			Check: func(*memorytest.SimEnv, *shop) error { return nil },
+			Mode:  mode,
+			Faults: memorytest.FaultRates{CrashBeforeAck: 0.1, CrashAfterAck: 0.1, LoseAck: 0.1, Duplicate: 0.1,
+				Reorder: 0.5, Rebalance: 0.1, PublishFailure: 0.2, Outage: 0.05, LostReply: 0.1},
+			Retry: retry.Policy{MaxAttempts: 4},
+		}
+		for seed := uint64(1); seed <= 5; seed++ {
+			first, err := sim.Trace(seed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(first.Faults) == 0 {
+				continue
+			}
+			for run := 2; run <= 20; run++ {
+				tr, _ := sim.Trace(seed)
+				if got, want := tr.Timeline(), first.Timeline(); got != want {
+					t.Fatalf("%s seed %d: run %d's timeline differs from run 1's:\n%s\nrun 1:\n%s", mode, seed, run, got, want)
+				}
+			}
+		}
 	}
 }
