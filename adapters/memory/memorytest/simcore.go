@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -136,6 +137,7 @@ type core struct {
 	events    []SimEvent
 	handled   int
 	published []*ackwise.Message
+	cands     []int // pickQueue's buffer
 }
 
 func newCore(cfg coreConfig, seed uint64, forced map[faultLabel]SimFault) *core {
@@ -215,6 +217,7 @@ func (c *core) event(s *smsg, d *delivery, what, detail string) {
 
 func (c *core) load(workload []*ackwise.Message) {
 	c.msgs = make([]*smsg, len(workload))
+	c.events = make([]SimEvent, 0, 8*len(workload)+16)
 	if c.cfg.mode == SimLog {
 		c.parts = make([]*partition, c.cfg.partitions)
 		for i := range c.parts {
@@ -385,7 +388,7 @@ func (c *core) pickQueue() *delivery {
 		}
 		return true
 	}
-	var cands []int // msgs index, or -(twins index)-1
+	cands := c.cands[:0] // msgs index, or -(twins index)-1
 	oldest, oldestSeq := 0, math.MaxInt
 	for i, s := range c.msgs {
 		if s.state == msgPending && ready(s.m.Key, s.seq, s.availableAt) {
@@ -400,6 +403,7 @@ func (c *core) pickQueue() *delivery {
 			cands = append(cands, -i-1)
 		}
 	}
+	c.cands = cands
 	if len(cands) == 0 {
 		return nil
 	}
@@ -466,7 +470,7 @@ func (c *core) deliver(d *delivery) *delivery {
 	m := &ackwise.Message{
 		ID: src.ID, Key: src.Key, Payload: src.Payload, Headers: src.Headers.Clone(),
 		Source: "sim", Partition: -1, Offset: -1, Attempt: d.attempt,
-		BrokerID: fmt.Sprintf("sim-%d", d.s.idx),
+		BrokerID: "sim-" + strconv.Itoa(d.s.idx),
 	}
 	if c.cfg.mode == SimLog {
 		m.Partition, m.Offset = int32(d.s.part), d.s.offset
