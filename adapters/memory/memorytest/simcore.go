@@ -150,6 +150,12 @@ func newCore(cfg coreConfig, seed uint64, forced map[faultLabel]SimFault) *core 
 	} else {
 		c.swarm[FaultReorder] = false
 	}
+	if !slices.ContainsFunc(c.swarm[:], func(on bool) bool { return on }) {
+		c.swarm = [numFaultKinds]bool{} // the seed drew none: it gets them all
+		for k := 1; k < numFaultKinds; k++ {
+			c.swarm[k] = cfg.mode == SimLog && FaultKind(k) != FaultReorder || cfg.mode != SimLog && FaultKind(k) != FaultRebalance
+		}
+	}
 	return c
 }
 

@@ -155,8 +155,10 @@ func (o SimOutcome) String() string {
 
 // SimMessage is a workload message and what became of it.
 type SimMessage struct {
-	ID      string
-	Key     string
+	ID  string
+	Key string
+	// Message is the message as published (do not change it).
+	Message *ackwise.Message
 	Outcome SimOutcome
 	// Deliveries counts the handler calls with it, duplicates included.
 	Deliveries int
@@ -172,7 +174,7 @@ func (e *SimEnv) Messages() []SimMessage {
 	defer c.mu.Unlock()
 	out := make([]SimMessage, len(c.msgs))
 	for i, s := range c.msgs {
-		out[i] = SimMessage{ID: s.m.ID, Key: s.m.Key, Outcome: SimOutcome(s.state), Deliveries: s.deliveries, Succeeded: s.handled}
+		out[i] = SimMessage{ID: s.m.ID, Key: s.m.Key, Message: s.m, Outcome: SimOutcome(s.state), Deliveries: s.deliveries, Succeeded: s.handled}
 	}
 	return out
 }

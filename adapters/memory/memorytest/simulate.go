@@ -575,7 +575,7 @@ func (s Simulation[S]) shrink(tr SimTrace) (SimTrace, int) {
 
 // maxTimelineLines is how long a printed timeline gets before lines about
 // messages no fault touched are left out.
-const maxTimelineLines = 150
+const maxTimelineLines = 60
 
 func (s Simulation[S]) report(t testing.TB, tr SimTrace) string {
 	var sb strings.Builder
