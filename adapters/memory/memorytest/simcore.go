@@ -625,21 +625,29 @@ func (c *core) settleQueue(d *delivery, kind settleKind, delay time.Duration) {
 		c.event(s, d, "settle refused", "receipt invalid: settled through another delivery, or leased again")
 		return
 	}
+	if kind != settleRetry {
+		c.settled(d, kind)
+		return
+	}
+	s.receipt++
+	s.availableAt = c.now + delay
+	c.event(s, d, "nacked", "redelivered in "+delay.String())
+	c.reorder(d)
+}
+
+// settled records the end of d's message: acked, discarded or
+// dead-lettered.
+func (c *core) settled(d *delivery, kind settleKind) {
 	switch kind {
 	case settleAck:
-		s.state = msgAcked
-		c.event(s, d, "acked", "")
+		d.s.state = msgAcked
+		c.event(d.s, d, "acked", "")
 	case settleDiscard:
-		s.state = msgDiscarded
-		c.event(s, d, "discarded", "acked and dropped")
+		d.s.state = msgDiscarded
+		c.event(d.s, d, "discarded", "acked and dropped")
 	case settleDeadLetter:
-		s.state = msgDeadLettered
-		c.event(s, d, "dead-lettered", "")
-	case settleRetry:
-		s.receipt++
-		s.availableAt = c.now + delay
-		c.event(s, d, "nacked", "redelivered in "+delay.String())
-		c.reorder(d)
+		d.s.state = msgDeadLettered
+		c.event(d.s, d, "dead-lettered", "")
 	}
 }
 
@@ -649,22 +657,13 @@ func (c *core) settleLog(d *delivery, kind settleKind, delay time.Duration) {
 		c.event(s, d, "duplicate settled", "the offset is the original read's")
 		return
 	}
-	switch kind {
-	case settleRetry:
+	if kind == settleRetry {
 		p.attempt++
 		p.blocked = c.now + delay
 		c.event(s, d, "retry in place", fmt.Sprintf("partition %d waits %v", p.id, delay))
 		return
-	case settleAck:
-		s.state = msgAcked
-		c.event(s, d, "acked", "")
-	case settleDiscard:
-		s.state = msgDiscarded
-		c.event(s, d, "discarded", "acked and dropped")
-	case settleDeadLetter:
-		s.state = msgDeadLettered
-		c.event(s, d, "dead-lettered", "")
 	}
+	c.settled(d, kind)
 	p.pos++
 	p.attempt = 1
 	p.committed = p.pos

@@ -20,22 +20,12 @@ import (
 // (middleware.IdempotencyKey is for that).
 var inboxFaults = memorytest.FaultRates{CrashBeforeAck: 0.05, CrashAfterAck: 0.05, LoseAck: 0.05, Duplicate: 0.1, Reorder: 0.3, Rebalance: 0.05, Outage: 0.03}
 
+// TestSimulateSeveralWorkers: with handlers running side by side a failure
+// states how often its seed reproduces.
 func TestSimulateSeveralWorkers(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []memorytest.SimMode{memorytest.SimQueue, memorytest.SimLog} {
 		t.Run(mode.String(), func(t *testing.T) {
-			// The inbox holds with handlers running side by side: a
-			// duplicate's claim waits for its twin's.
-			memorytest.Simulate(t, memorytest.Simulation[*shop]{
-				Workload: orders(),
-				Init:     newShop,
-				Setup:    withInbox,
-				Check:    chargedOnce,
-				Seeds:    300,
-				Workers:  4,
-				Mode:     mode,
-				Faults:   inboxFaults,
-			})
 			msg := simulateFailure(t, memorytest.Simulation[*shop]{
 				Workload: orders(),
 				Init:     newShop,

@@ -74,12 +74,12 @@ func chargeThenAck(env *memorytest.SimEnv, s *shop) ackwise.Handler {
 	})
 }
 
-// ackFirst returns nil at once and charges a moment later, from memory: the
-// "ack first, then work" consumer.
+// ackFirst returns nil at once and charges 50ms later, from memory (a
+// batch flushed on a timer): the "ack first, then work" consumer.
 func ackFirst(env *memorytest.SimEnv, s *shop) ackwise.Handler {
 	return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
 		id := msg.ID
-		env.Clock().AfterFunc(5*time.Millisecond, func() { s.charge(id) })
+		env.Clock().AfterFunc(50*time.Millisecond, func() { s.charge(id) })
 		return nil
 	})
 }
@@ -126,6 +126,20 @@ func (r *fatalRecorder) Logf(string, ...any) {}
 
 var shrunkRE = regexp.MustCompile(`to (\d+) fault\(s\)`)
 
+// requireFound runs Simulate on sim and fails t unless it fails with a
+// shrunk schedule of at most most faults, one of them of kind.
+func requireFound[S any](t *testing.T, sim memorytest.Simulation[S], most int, kind string) {
+	t.Helper()
+	msg := simulateFailure(t, sim)
+	if msg == "" {
+		t.Fatalf("%d seeds passed: the bug was not found", sim.Seeds)
+	}
+	if n := shrunkFaults(t, msg); n > most || !strings.Contains(msg, ". "+kind+" on") {
+		t.Errorf("shrunk to %d faults, want at most %d, a %s among them:\n%s", n, most, kind, msg)
+	}
+	t.Log(msg)
+}
+
 // shrunkFaults returns the size of the shrunk schedule in a failure message.
 func shrunkFaults(t *testing.T, msg string) int {
 	t.Helper()
@@ -141,90 +155,83 @@ func shrunkFaults(t *testing.T, msg string) int {
 // between charge and ack or just after the ack.
 var crashesOnly = memorytest.FaultRates{CrashBeforeAck: 0.05, CrashAfterAck: 0.05}
 
-// The seed scenario (shared/seeds/000) with the engine's order: charge,
-// then ack. A crash between the two charges the order twice.
-func TestSimulateFindsTheDoubleChargeOfAckAfterWork(t *testing.T) {
+// The seed scenario (shared/seeds/000), on a queue and on a log. With the
+// engine's order, charge then ack (return nil), a crash between the two
+// charges the order twice. With the order reversed, ack then charge from
+// memory, a crash after the ack loses the charge.
+func TestSimulateFindsTheSeedScenario(t *testing.T) {
 	t.Parallel()
-	start := time.Now()
-	msg := simulateFailure(t, memorytest.Simulation[*shop]{
-		Workload: orders(),
-		Init:     newShop,
-		Setup:    chargeThenAck,
-		Check:    chargedOnce,
-		Seeds:    1000,
-		Faults:   crashesOnly,
-	})
-	took := time.Since(start)
-	if !strings.Contains(msg, "charged 2 times") {
-		t.Fatalf("the double charge was not found; got %q", msg)
+	for _, tc := range []struct {
+		name  string
+		setup func(*memorytest.SimEnv, *shop) ackwise.Handler
+		want  string // the violation
+		fault string // the one fault of the shrunk schedule
+	}{
+		{"ack-after-charge", chargeThenAck, "charged 2 times", "crash-before-ack"},
+		{"ack-first", ackFirst, "never charged (lost)", "crash-after-ack"},
+	} {
+		for _, mode := range []memorytest.SimMode{memorytest.SimQueue, memorytest.SimLog} {
+			t.Run(tc.name+"/"+mode.String(), func(t *testing.T) {
+				start := time.Now()
+				msg := simulateFailure(t, memorytest.Simulation[*shop]{
+					Workload: orders(),
+					Init:     newShop,
+					Setup:    tc.setup,
+					Check:    chargedOnce,
+					Seeds:    1000,
+					Mode:     mode,
+					Faults:   crashesOnly,
+				})
+				took := time.Since(start)
+				if !strings.Contains(msg, tc.want) {
+					t.Fatalf("%q was not found; got %q", tc.want, msg)
+				}
+				if n := shrunkFaults(t, msg); n != 1 || !strings.Contains(msg, "1. "+tc.fault+" on") {
+					t.Errorf("shrunk to %d faults, want the one %s:\n%s", n, tc.fault, msg)
+				}
+				if took > time.Second {
+					t.Errorf("found in %v, want under 1s", took)
+				}
+				t.Logf("found and shrunk in %v:\n%s", took, msg)
+			})
+		}
 	}
-	if n := shrunkFaults(t, msg); n != 1 || !strings.Contains(msg, "1. crash-before-ack on") {
-		t.Errorf("shrunk to %d faults, want the one crash before the ack:\n%s", n, msg)
-	}
-	if took > time.Second {
-		t.Errorf("found in %v, want under 1s", took)
-	}
-	t.Logf("found and shrunk in %v:\n%s", took, msg)
 }
 
-// The seed scenario with the order reversed: ack (return nil), then charge
-// from memory. A crash after the ack loses the charge.
-func TestSimulateFindsTheLossOfAckFirst(t *testing.T) {
-	t.Parallel()
-	start := time.Now()
-	msg := simulateFailure(t, memorytest.Simulation[*shop]{
-		Workload: orders(),
-		Init:     newShop,
-		Setup:    ackFirst,
-		Check:    chargedOnce,
-		Seeds:    1000,
-		Faults:   crashesOnly,
-	})
-	took := time.Since(start)
-	if !strings.Contains(msg, "never charged (lost)") {
-		t.Fatalf("the loss was not found; got %q", msg)
-	}
-	if n := shrunkFaults(t, msg); n != 1 || !strings.Contains(msg, "1. crash-after-ack on") {
-		t.Errorf("shrunk to %d faults, want the one crash after the ack:\n%s", n, msg)
-	}
-	if took > time.Second {
-		t.Errorf("found in %v, want under 1s", took)
-	}
-	t.Logf("found and shrunk in %v:\n%s", took, msg)
-}
-
+// TestSimulateInboxPasses1000Seeds: behind the inbox the charge is made
+// once whatever the faults, with one worker and with four running side by
+// side (a duplicate's claim then waits for its twin's).
 func TestSimulateInboxPasses1000Seeds(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []memorytest.SimMode{memorytest.SimQueue, memorytest.SimLog} {
-		t.Run(mode.String(), func(t *testing.T) {
-			memorytest.Simulate(t, memorytest.Simulation[*shop]{
-				Workload: orders(),
-				Init:     newShop,
-				Setup:    withInbox,
-				Check:    chargedOnce,
-				Seeds:    1000,
-				Mode:     mode,
-				// Every fault but a lost reply: the inbox cannot undo an
-				// effect a dependency made before its reply was lost
-				// (IdempotencyKey is for that).
-				Faults: memorytest.FaultRates{CrashBeforeAck: 0.05, CrashAfterAck: 0.05, LoseAck: 0.05, Duplicate: 0.1, Reorder: 0.3, Rebalance: 0.05, Outage: 0.03},
+		for _, workers := range []int{1, 4} {
+			t.Run(fmt.Sprintf("%s/workers-%d", mode, workers), func(t *testing.T) {
+				memorytest.Simulate(t, memorytest.Simulation[*shop]{
+					Workload: orders(),
+					Init:     newShop,
+					Setup:    withInbox,
+					Check:    chargedOnce,
+					Seeds:    1000 / workers,
+					Workers:  workers,
+					Mode:     mode,
+					Faults:   inboxFaults,
+				})
 			})
-		})
+		}
 	}
 }
 
 // accounts is the durable state of the balance scenarios: each account's
 // balance and the version it was last set at.
 type accounts struct {
-	mu       sync.Mutex
-	balance  map[string]int64
-	version  map[string]int64
-	lastSeen map[string]string // last event ID handled per account (the shortcut of TestSimulateFindsLastEventDedupe)
-	store    *meminbox.Store
+	mu      sync.Mutex
+	balance map[string]int64
+	version map[string]int64
+	store   *meminbox.Store
 }
 
 func newAccounts(env *memorytest.SimEnv) *accounts {
-	return &accounts{balance: map[string]int64{}, version: map[string]int64{}, lastSeen: map[string]string{}, store: meminbox.New(env.Clock())}
+	return &accounts{balance: map[string]int64{}, version: map[string]int64{}, store: meminbox.New(env.Clock())}
 }
 
 // balanceEvents returns four versions of each of five accounts: "the
@@ -324,89 +331,10 @@ func TestSimulateFindsVersionCheckOutsideTheTransaction(t *testing.T) {
 		Seeds:    1000,
 		Faults:   memorytest.FaultRates{CrashBeforeAck: 0.03, CrashAfterAck: 0.03, LoseAck: 0.03, Duplicate: 0.05, Reorder: 0.3, Outage: 0.02},
 	}
-	msg := simulateFailure(t, sim)
-	if msg == "" {
-		t.Fatal("1,000 seeds passed: the bug was not found")
-	}
-	if n := shrunkFaults(t, msg); n > 3 || !strings.Contains(msg, "outage on") {
-		t.Errorf("shrunk to %d faults, want at most 3, an outage among them:\n%s", n, msg)
-	}
-	t.Log(msg)
+	requireFound(t, sim, 3, "outage")
 
 	sim.Setup = versionGated
 	memorytest.Simulate(t, sim)
-}
-
-// lastEventDedupe remembers only the last event ID handled per key, with
-// the effect: "keys are delivered in order, so a repeat is always the last
-// one". It holds under every single fault, and breaks when a message
-// whose ack was lost goes back behind a newer one of its key.
-func lastEventDedupe(env *memorytest.SimEnv, a *accounts) ackwise.Handler {
-	return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
-		if err := env.Call(ctx, "ledger", func() error { return nil }); err != nil {
-			return err
-		}
-		bal, _ := strconv.ParseInt(string(msg.Payload), 10, 64)
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		if a.lastSeen[msg.Key] == msg.ID {
-			return nil // a repeat
-		}
-		a.lastSeen[msg.Key] = msg.ID
-		a.balance[msg.Key] += bal // one transaction: effect and dedupe record
-		return nil
-	})
-}
-
-// sumOnce is the invariant of the running balance: each acked event added
-// once.
-func sumOnce(env *memorytest.SimEnv, a *accounts) error {
-	want := map[string]int64{}
-	for _, m := range env.Messages() {
-		if m.Outcome == memorytest.SimAcked {
-			var v int64
-			fmt.Sscanf(m.ID[strings.LastIndex(m.ID, "-v")+2:], "%d", &v)
-			want[m.Key] += v * 10
-		}
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for acct, w := range want {
-		if got := a.balance[acct]; got != w {
-			return fmt.Errorf("%s: balance %d, want %d", acct, got, w)
-		}
-	}
-	return nil
-}
-
-func TestSimulateFindsLastEventDedupe(t *testing.T) {
-	t.Parallel()
-	sim := memorytest.Simulation[*accounts]{
-		Workload:   balanceEvents(),
-		Init:       newAccounts,
-		Setup:      lastEventDedupe,
-		Check:      sumOnce,
-		KeyOrdered: true,
-		Seeds:      1000,
-	}
-	// Correct under each fault alone.
-	for _, rates := range []memorytest.FaultRates{
-		{CrashBeforeAck: 0.1}, {CrashAfterAck: 0.1}, {LoseAck: 0.1}, {Duplicate: 0.1}, {Reorder: 1}, {Outage: 0.05},
-	} {
-		one := sim
-		one.Faults, one.Seeds = rates, 200
-		if msg := simulateFailure(t, one); msg != "" {
-			t.Fatalf("fails under a single fault kind %+v:\n%s", rates, msg)
-		}
-	}
-	msg := simulateFailure(t, sim)
-	if msg == "" {
-		t.Fatal("1,000 seeds passed: the bug was not found")
-	}
-	if n := shrunkFaults(t, msg); n > 3 || !strings.Contains(msg, "reorder on") {
-		t.Errorf("shrunk to %d faults, want at most 3, a reorder among them:\n%s", n, msg)
-	}
-	t.Log(msg)
 }
 
 // TestSimulateSameSeedSameTimeline: with one worker a seed's timeline is
