@@ -105,7 +105,8 @@ func (k FaultKind) String() string {
 // FaultRates are the probabilities, each in [0, 1], that a fault of a kind
 // fires at a delivery (FaultReorder: at a message's return to the queue;
 // FaultPublishFailure and FaultLostReply: at a call). A zero FaultRates
-// means [DefaultFaultRates]; otherwise a zero field turns its kind off.
+// means [DefaultFaultRates]; otherwise a zero field turns its kind off,
+// and Off turns every kind off (the workload alone, to test the rules).
 //
 // Each seed also turns each kind on or off with even odds ("swarm
 // testing"): a seed with fewer kinds reaches deeper into the ones it has,
@@ -120,6 +121,8 @@ type FaultRates struct {
 	PublishFailure float64
 	Outage         float64
 	LostReply      float64
+	// Off runs no fault at all, whatever the rates.
+	Off bool
 }
 
 // DefaultFaultRates are the rates of a zero FaultRates.
@@ -136,6 +139,9 @@ var DefaultFaultRates = FaultRates{
 }
 
 func (f FaultRates) rates() [numFaultKinds]float64 {
+	if f.Off {
+		return [numFaultKinds]float64{}
+	}
 	return [numFaultKinds]float64{0, f.CrashBeforeAck, f.CrashAfterAck, f.LoseAck, f.Duplicate, f.Reorder, f.Rebalance, f.PublishFailure, f.Outage, f.LostReply}
 }
 
