@@ -99,6 +99,7 @@ type delivery struct {
 	calls   int // SimEnv.Call and Publish calls made so far
 	err     error
 	panic   bool
+	crashed bool // the process died inside the handler
 }
 
 type simTimer struct {
@@ -527,6 +528,9 @@ func (c *core) runBatch(batch []*delivery) {
 func (c *core) invoke(d *delivery) {
 	defer func() {
 		if p := recover(); p != nil {
+			if _, ok := p.(simCrash); ok {
+				return // d.crashed is set
+			}
 			d.err, d.panic = fmt.Errorf("memorytest: handler panicked: %v", p), true
 		}
 	}()
@@ -547,6 +551,12 @@ const (
 // it, with the faults that fire there.
 func (c *core) settle(d *delivery) {
 	s := d.s
+	if d.crashed {
+		c.event(s, d, "died", "the process died inside the handler: nothing settled")
+		c.returned(d)
+		c.crash()
+		return
+	}
 	kind, detail, delay := settleAck, "ok", time.Duration(0)
 	if d.err == nil {
 		s.handled++

@@ -64,6 +64,7 @@ func (e *SimEnv) Call(ctx context.Context, name string, f func() error) error {
 	}
 	c.mu.Unlock()
 	err := f()
+	c.crashPoint(d, "call "+name)
 	if err == nil && lost {
 		c.mu.Lock()
 		c.eventOf(d, "fault: lost-reply", "call "+name+" did its work, its reply is lost")
@@ -73,12 +74,40 @@ func (e *SimEnv) Call(ctx context.Context, name string, f func() error) error {
 	return err
 }
 
+// simCrash is the panic that unwinds a handler whose process dies inside
+// it (FaultCrashInHandler).
+type simCrash struct{}
+
+// crashPoint kills the process inside d's handler, after what, when
+// FaultCrashInHandler fires there: it panics with simCrash.
+func (c *core) crashPoint(d *delivery, what string) {
+	if d == nil {
+		return
+	}
+	c.mu.Lock()
+	_, ok := c.fault(FaultCrashInHandler, d.s, d.n, d.calls)
+	if ok {
+		d.crashed = true
+		c.eventOf(d, "fault: crash-in-handler", "the process dies right after "+what)
+	}
+	c.mu.Unlock()
+	if ok {
+		panic(simCrash{})
+	}
+}
+
 // Publish stores msgs as published by the handler (see Published), under
 // FaultPublishFailure: it may fail with ErrSimPublishFailed before storing
 // them or after (a lost confirmation). What it stores survives crashes.
 func (e *SimEnv) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	c := e.c
 	d, _ := ctx.Value(deliveryKey{}).(*delivery)
+	err := c.publish(d, msgs)
+	c.crashPoint(d, "a publish")
+	return err
+}
+
+func (c *core) publish(d *delivery, msgs []*ackwise.Message) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var f SimFault

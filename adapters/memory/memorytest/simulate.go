@@ -47,8 +47,8 @@ func (m SimMode) String() string {
 type FaultKind int
 
 // The fault kinds. Each fires, with its FaultRates probability, at one
-// delivery of one message (and, for PublishFailure and LostReply, at one
-// call the handler makes during that delivery).
+// delivery of one message (and, for PublishFailure, LostReply and
+// CrashInHandler, at one call the handler makes during that delivery).
 const (
 	// FaultCrashBeforeAck: the handler returned, its effects are done, and
 	// the process dies before the settle (ack, nack, dead letter) reaches
@@ -89,11 +89,18 @@ const (
 	// FaultLostReply: a SimEnv.Call runs the dependency, then returns
 	// ErrSimLostReply, as a timeout after the dependency did the work.
 	FaultLostReply
+	// FaultCrashInHandler: the process dies inside the handler, right after
+	// a SimEnv.Call or Publish did its work: the sim unwinds the handler
+	// with a panic (so an inbox rolls its claim back, as a database
+	// connection that died would) and treats the process as dead even if
+	// the handler recovers. Effects the handler made outside a transaction
+	// stay.
+	FaultCrashInHandler
 
-	numFaultKinds = int(FaultLostReply) + 1
+	numFaultKinds = int(FaultCrashInHandler) + 1
 )
 
-var faultKindNames = [...]string{"", "crash-before-ack", "crash-after-ack", "lose-ack", "duplicate", "reorder", "rebalance", "publish-failure", "outage", "lost-reply"}
+var faultKindNames = [...]string{"", "crash-before-ack", "crash-after-ack", "lose-ack", "duplicate", "reorder", "rebalance", "publish-failure", "outage", "lost-reply", "crash-in-handler"}
 
 func (k FaultKind) String() string {
 	if k > 0 && int(k) < len(faultKindNames) {
@@ -104,7 +111,7 @@ func (k FaultKind) String() string {
 
 // FaultRates are the probabilities, each in [0, 1], that a fault of a kind
 // fires at a delivery (FaultReorder: at a message's return to the queue;
-// FaultPublishFailure and FaultLostReply: at a call). A zero FaultRates
+// FaultPublishFailure, FaultLostReply and FaultCrashInHandler: at a call). A zero FaultRates
 // means [DefaultFaultRates]; otherwise a zero field turns its kind off,
 // and Off turns every kind off (the workload alone, to test the rules).
 //
@@ -121,6 +128,7 @@ type FaultRates struct {
 	PublishFailure float64
 	Outage         float64
 	LostReply      float64
+	CrashInHandler float64
 	// Off runs no fault at all, whatever the rates.
 	Off bool
 }
@@ -136,13 +144,14 @@ var DefaultFaultRates = FaultRates{
 	PublishFailure: 0.05,
 	Outage:         0.02,
 	LostReply:      0.03,
+	CrashInHandler: 0.02,
 }
 
 func (f FaultRates) rates() [numFaultKinds]float64 {
 	if f.Off {
 		return [numFaultKinds]float64{}
 	}
-	return [numFaultKinds]float64{0, f.CrashBeforeAck, f.CrashAfterAck, f.LoseAck, f.Duplicate, f.Reorder, f.Rebalance, f.PublishFailure, f.Outage, f.LostReply}
+	return [numFaultKinds]float64{0, f.CrashBeforeAck, f.CrashAfterAck, f.LoseAck, f.Duplicate, f.Reorder, f.Rebalance, f.PublishFailure, f.Outage, f.LostReply, f.CrashInHandler}
 }
 
 // Defaults of zero Simulation fields.

@@ -18,7 +18,7 @@ import (
 // inboxFaults are every fault the inbox must absorb: all but a lost reply,
 // whose effect a dependency made outside the inbox's transaction
 // (middleware.IdempotencyKey is for that).
-var inboxFaults = memorytest.FaultRates{CrashBeforeAck: 0.05, CrashAfterAck: 0.05, LoseAck: 0.05, Duplicate: 0.1, Reorder: 0.3, Rebalance: 0.05, Outage: 0.03}
+var inboxFaults = memorytest.FaultRates{CrashBeforeAck: 0.05, CrashAfterAck: 0.05, LoseAck: 0.05, Duplicate: 0.1, Reorder: 0.3, Rebalance: 0.05, Outage: 0.03, CrashInHandler: 0.05}
 
 // TestSimulateSeveralWorkers: with handlers running side by side a failure
 // states how often its seed reproduces.
@@ -91,8 +91,12 @@ func TestSimulateSQLiteInbox(t *testing.T) {
 			if err := env.Call(ctx, "card-check", func() error { return nil }); err != nil {
 				return err
 			}
-			_, err := sqliteinbox.Tx(ctx).ExecContext(ctx, `INSERT INTO charges (id) VALUES (?)`, msg.ID)
-			return err
+			if _, err := sqliteinbox.Tx(ctx).ExecContext(ctx, `INSERT INTO charges (id) VALUES (?)`, msg.ID); err != nil {
+				return err
+			}
+			// A crash here (FaultCrashInHandler) rolls the charge back with
+			// the inbox record: one transaction.
+			return env.Call(ctx, "receipts", func() error { return nil })
 		}), inbox)
 	}
 	check := func(env *memorytest.SimEnv, l *ledgerDB) error {
@@ -144,4 +148,29 @@ func BenchmarkSimulate1000Seeds(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestSimulateCrashInsideTheHandler: the same handler as the SQLite test's,
+// its charge kept in memory beside meminbox instead of in the inbox's
+// transaction: a crash after the charge and before the inbox commits
+// leaves the charge without its record, and the redelivery charges again.
+func TestSimulateCrashInsideTheHandler(t *testing.T) {
+	t.Parallel()
+	requireFound(t, memorytest.Simulation[*shop]{
+		Workload: orders(),
+		Init:     newShop,
+		Setup: func(env *memorytest.SimEnv, s *shop) ackwise.Handler {
+			inbox, err := middleware.Inbox(s.inbox, middleware.InboxConfig{Consumer: "billing"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return ackwise.Chain(ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+				s.charge(msg.ID) // not in the inbox's transaction: meminbox has none
+				return env.Call(ctx, "receipts", func() error { return nil })
+			}), inbox)
+		},
+		Check:  chargedOnce,
+		Seeds:  1000,
+		Faults: memorytest.FaultRates{CrashInHandler: 0.05},
+	}, 1, "crash-in-handler")
 }
