@@ -2,6 +2,7 @@ package memorytest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -138,7 +139,8 @@ type core struct {
 	events    []SimEvent
 	handled   int
 	published []*ackwise.Message
-	cands     []int // pickQueue's buffer
+	cands     []int         // pickQueue's buffer
+	lastWork  time.Duration // when the last batch ended
 }
 
 func newCore(cfg coreConfig, seed uint64, forced map[faultLabel]SimFault) *core {
@@ -255,13 +257,17 @@ func (c *core) loop() error {
 	}
 	c.proc = 1
 	c.event(nil, nil, "start", fmt.Sprintf("%d messages, %s mode", len(c.msgs), c.cfg.mode))
-	c.handler = c.setup()
+	if c.handler = c.setup(); c.handler == nil {
+		return errNilHandler
+	}
 	for {
 		if c.down && c.now >= c.upAt {
 			c.down = false
 			c.proc++
 			c.event(nil, nil, "restart", "Setup builds a new handler from the durable state")
-			c.handler = c.setup()
+			if c.handler = c.setup(); c.handler == nil {
+				return errNilHandler
+			}
 		}
 		if c.fireTimers() {
 			continue
@@ -272,6 +278,7 @@ func (c *core) loop() error {
 					return fmt.Errorf("memorytest: the seed did not finish within %d deliveries (a message retried forever? see Simulation.MaxDeliveries)", limit)
 				}
 				c.runBatch(batch)
+				c.lastWork = c.now
 				continue
 			}
 		}
@@ -320,9 +327,10 @@ func (c *core) nextTime() (time.Duration, bool) {
 	if c.down {
 		at(c.upAt)
 	}
+	timers := next
 	for _, tm := range c.timers {
 		if !tm.stopped && tm.proc == c.proc {
-			at(tm.at)
+			timers = min(timers, tm.at)
 		}
 	}
 	for _, s := range c.msgs {
@@ -338,8 +346,20 @@ func (c *core) nextTime() (time.Duration, bool) {
 			at(p.blocked)
 		}
 	}
+	// Timers run while messages wait; once none does, for timerHorizon
+	// more (a timer that re-arms itself forever would never let the seed
+	// end).
+	if ok || timers <= c.lastWork+timerHorizon {
+		at(timers)
+	}
 	return next, ok
 }
+
+// timerHorizon is how long after the last handler call the process's
+// timers still run once no message is waiting.
+const timerHorizon = time.Minute
+
+var errNilHandler = errors.New("memorytest: Simulation.Setup returned a nil handler")
 
 // pick chooses the deliveries of the next batch: up to Workers messages
 // the broker may hand out now.

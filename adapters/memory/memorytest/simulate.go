@@ -9,11 +9,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/retry"
-	"testing"
 )
 
 // SimMode is the kind of broker a [Simulation] plays.

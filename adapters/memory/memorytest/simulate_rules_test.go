@@ -134,6 +134,11 @@ func TestSimulationTraceRefusesAnInvalidSimulation(t *testing.T) {
 			t.Errorf("Trace: error %v, want one containing %q", err, tc.want)
 		}
 	}
+	// A nil handler is the seed's failure.
+	tr, err := memorytest.Simulation[struct{}]{Workload: orders(), Setup: setup, Check: check}.Trace(1)
+	if err != nil || tr.Violation == nil || !strings.Contains(tr.Violation.Error(), "nil handler") {
+		t.Errorf("Trace with a nil handler: %v, violation %v", err, tr.Violation)
+	}
 }
 
 // outbox is the durable state of the publish scenario: the orders
@@ -176,4 +181,41 @@ func TestSimulateFindsAnIgnoredPublishFailure(t *testing.T) {
 		Faults: memorytest.FaultRates{PublishFailure: 0.05, Duplicate: 0.05},
 	}
 	requireFound(t, sim, 1, "publish-failure")
+}
+
+// TestSimulateEndsDespiteATicker: a handler whose process flushes on a
+// timer that re-arms itself forever still lets each seed end, after the
+// flush of the last message ran.
+func TestSimulateEndsDespiteATicker(t *testing.T) {
+	t.Parallel()
+	type batcher struct{ flushed map[string]bool }
+	memorytest.Simulate(t, memorytest.Simulation[*batcher]{
+		Workload: orders(),
+		Init:     func(*memorytest.SimEnv) *batcher { return &batcher{flushed: map[string]bool{}} },
+		Setup: func(env *memorytest.SimEnv, b *batcher) ackwise.Handler {
+			var pending []string // lost in a crash
+			var tick func()
+			tick = func() {
+				for _, id := range pending {
+					b.flushed[id] = true
+				}
+				pending = nil
+				env.Clock().AfterFunc(100*time.Millisecond, tick)
+			}
+			env.Clock().AfterFunc(100*time.Millisecond, tick)
+			return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+				pending = append(pending, msg.ID)
+				return nil
+			})
+		},
+		Check: func(env *memorytest.SimEnv, b *batcher) error {
+			// A crash may lose a pending batch (the ack-first bug): only
+			// that the ticker ran is checked here.
+			if len(b.flushed) == 0 {
+				return errors.New("nothing was flushed: the ticker never ran")
+			}
+			return nil
+		},
+		Seeds: 20,
+	})
 }
