@@ -46,6 +46,11 @@ func (e *SimEnv) Clock() ackwise.Clock { return simClock{e.c} }
 // f; with FaultLostReply it calls f and returns ErrSimLostReply. The
 // timeline shows name. Wrap each call to a dependency a handler makes
 // (a payment API, a database outside the inbox transaction) in Call.
+// Pass the handler's ctx (or one derived from it): the faults that fire
+// at a call (FaultLostReply, FaultCrashInHandler) know the delivery from
+// it, and a call from a timer gets only outages. With
+// FaultCrashInHandler, Call panics after f returns: let the panic unwind
+// the handler.
 func (e *SimEnv) Call(ctx context.Context, name string, f func() error) error {
 	c := e.c
 	d, _ := ctx.Value(deliveryKey{}).(*delivery)
@@ -98,7 +103,9 @@ func (c *core) crashPoint(d *delivery, what string) {
 
 // Publish stores msgs as published by the handler (see Published), under
 // FaultPublishFailure: it may fail with ErrSimPublishFailed before storing
-// them or after (a lost confirmation). What it stores survives crashes.
+// them or after (a lost confirmation), and under FaultCrashInHandler (it
+// panics after storing, as Call does). What it stores survives crashes.
+// Pass the handler's ctx, as to Call.
 func (e *SimEnv) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	c := e.c
 	d, _ := ctx.Value(deliveryKey{}).(*delivery)
