@@ -34,7 +34,7 @@ type coreConfig struct {
 // faultLabel identifies a fault's place in a run, independently of the
 // run's other faults: the message, its delivery, the call in it.
 type faultLabel struct {
-	kind     FaultKind
+	kind     SimFaultKind
 	idx      int
 	delivery int
 	call     int
@@ -149,14 +149,14 @@ func newCore(cfg coreConfig, seed uint64, forced map[faultLabel]SimFault) *core 
 		c.swarm[k] = unit(mix(seed, uint64(k), 0x5a4a4, 0, 0)) < 0.5
 	}
 	if cfg.mode != SimLog {
-		c.swarm[FaultRebalance] = false
+		c.swarm[SimRebalance] = false
 	} else {
-		c.swarm[FaultReorder] = false
+		c.swarm[SimReorder] = false
 	}
 	if !slices.ContainsFunc(c.swarm[:], func(on bool) bool { return on }) {
 		c.swarm = [numFaultKinds]bool{} // the seed drew none: it gets them all
 		for k := 1; k < numFaultKinds; k++ {
-			c.swarm[k] = cfg.mode == SimLog && FaultKind(k) != FaultReorder || cfg.mode != SimLog && FaultKind(k) != FaultRebalance
+			c.swarm[k] = cfg.mode == SimLog && SimFaultKind(k) != SimReorder || cfg.mode != SimLog && SimFaultKind(k) != SimRebalance
 		}
 	}
 	return c
@@ -182,7 +182,7 @@ func unit(h uint64) float64 { return float64(h>>11) / (1 << 53) }
 
 // fault reports whether a fault of kind fires at the place given, and
 // records it. Caller holds c.mu.
-func (c *core) fault(kind FaultKind, s *smsg, deliveryN, call int) (SimFault, bool) {
+func (c *core) fault(kind SimFaultKind, s *smsg, deliveryN, call int) (SimFault, bool) {
 	l := faultLabel{kind: kind, idx: s.idx, delivery: deliveryN, call: call}
 	var f SimFault
 	if c.forced != nil {
@@ -201,10 +201,10 @@ func (c *core) fault(kind FaultKind, s *smsg, deliveryN, call int) (SimFault, bo
 		h2 := mix(h, 1, 2, 3, 4)
 		f = SimFault{Kind: kind, Index: s.idx, Delivery: deliveryN, Call: call}
 		switch kind {
-		case FaultOutage:
+		case SimOutage:
 			f.Outage = time.Second + time.Duration(unit(h2)*float64(max(c.cfg.maxOutage-time.Second, 0)))
 			f.Outage = f.Outage.Round(time.Millisecond)
-		case FaultPublishFailure:
+		case SimPublishFailure:
 			f.Stored = h2&1 == 1
 		}
 	}
@@ -453,7 +453,7 @@ func (c *core) pickQueue() *delivery {
 		s.receipt++
 		s.availableAt = c.now + c.cfg.lease
 		d := &delivery{s: s, n: s.deliveries, attempt: s.receives, receipt: s.receipt}
-		if _, ok := c.fault(FaultDuplicate, s, d.n, 0); ok {
+		if _, ok := c.fault(SimDuplicate, s, d.n, 0); ok {
 			c.twins = append(c.twins, &twin{s: s, receipt: s.receipt, seq: s.seq, availableAt: c.now})
 			c.event(s, d, "fault: duplicate", "the broker will deliver it once more")
 		}
@@ -484,7 +484,7 @@ func (c *core) pickLog() *delivery {
 	s := p.records[p.pos]
 	s.deliveries++
 	d := &delivery{s: s, n: s.deliveries, attempt: p.attempt, part: p}
-	if _, ok := c.fault(FaultDuplicate, s, d.n, 0); ok {
+	if _, ok := c.fault(SimDuplicate, s, d.n, 0); ok {
 		p.dups = append(p.dups, s)
 		c.event(s, d, "fault: duplicate", "the record will be read once more")
 	}
@@ -511,7 +511,7 @@ func (c *core) deliver(d *delivery) *delivery {
 		what = "delivered (duplicate)"
 	}
 	c.event(d.s, d, what, "")
-	if f, ok := c.fault(FaultOutage, d.s, d.n, 0); ok {
+	if f, ok := c.fault(SimOutage, d.s, d.n, 0); ok {
 		c.outages = append(c.outages, [2]time.Duration{c.now, c.now + f.Outage})
 		c.event(d.s, d, "fault: outage", fmt.Sprintf("SimEnv.Call fails until %s", fmtAt(c.now+f.Outage)))
 	}
@@ -601,14 +601,14 @@ func (c *core) settle(d *delivery) {
 		}
 	}
 	c.event(s, d, "handled", detail)
-	if _, ok := c.fault(FaultCrashBeforeAck, s, d.n, 0); ok {
+	if _, ok := c.fault(SimCrashBeforeAck, s, d.n, 0); ok {
 		c.event(s, d, "fault: crash-before-ack", "the process dies before its settle reaches the broker")
 		c.returned(d)
 		c.crash()
 		return
 	}
 	if kind == settleAck || kind == settleDiscard {
-		if _, ok := c.fault(FaultLoseAck, s, d.n, 0); ok {
+		if _, ok := c.fault(SimLoseAck, s, d.n, 0); ok {
 			c.loseAck(d)
 			return
 		}
@@ -618,13 +618,13 @@ func (c *core) settle(d *delivery) {
 	} else {
 		c.settleQueue(d, kind, delay)
 	}
-	if _, ok := c.fault(FaultCrashAfterAck, s, d.n, 0); ok {
+	if _, ok := c.fault(SimCrashAfterAck, s, d.n, 0); ok {
 		c.event(s, d, "fault: crash-after-ack", "the process dies after the settle")
 		c.crash()
 		return
 	}
 	if c.cfg.mode == SimLog && !d.twin {
-		if _, ok := c.fault(FaultRebalance, s, d.n, 0); ok {
+		if _, ok := c.fault(SimRebalance, s, d.n, 0); ok {
 			p := d.part
 			c.event(s, d, "fault: rebalance", fmt.Sprintf("partition %d revoked and assigned again: re-read from offset %d", p.id, p.committed))
 			c.rewind(p)
@@ -730,7 +730,7 @@ func (c *core) returned(d *delivery) {
 }
 
 func (c *core) reorder(d *delivery) {
-	if _, ok := c.fault(FaultReorder, d.s, d.n, 0); ok {
+	if _, ok := c.fault(SimReorder, d.s, d.n, 0); ok {
 		d.s.seq = c.nextSeq
 		c.nextSeq++
 		c.event(d.s, d, "fault: reorder", "its redelivery goes behind the newer messages of its key")

@@ -14,12 +14,12 @@ import (
 // the engine's rules make them transient: retried with backoff.
 var (
 	// ErrSimOutage is returned by SimEnv.Call during a dependency outage
-	// window (FaultOutage); the dependency is not called.
+	// window (SimOutage); the dependency is not called.
 	ErrSimOutage = errors.New("memorytest: dependency unavailable (simulated outage)")
 	// ErrSimLostReply is returned by SimEnv.Call after the dependency did
-	// its work (FaultLostReply).
+	// its work (SimLostReply).
 	ErrSimLostReply = errors.New("memorytest: dependency reply lost (simulated timeout)")
-	// ErrSimPublishFailed is returned by SimEnv.Publish (FaultPublishFailure).
+	// ErrSimPublishFailed is returned by SimEnv.Publish (SimPublishFailure).
 	ErrSimPublishFailed = errors.New("memorytest: publish failed (simulated)")
 )
 
@@ -42,14 +42,14 @@ func (e *SimEnv) Seed() uint64 { return e.c.seed }
 func (e *SimEnv) Clock() ackwise.Clock { return simClock{e.c} }
 
 // Call calls the user's dependency f under the simulation's faults: during
-// an outage window (FaultOutage) it returns ErrSimOutage without calling
-// f; with FaultLostReply it calls f and returns ErrSimLostReply. The
+// an outage window (SimOutage) it returns ErrSimOutage without calling
+// f; with SimLostReply it calls f and returns ErrSimLostReply. The
 // timeline shows name. Wrap each call to a dependency a handler makes
 // (a payment API, a database outside the inbox transaction) in Call.
 // Pass the handler's ctx (or one derived from it): the faults that fire
-// at a call (FaultLostReply, FaultCrashInHandler) know the delivery from
+// at a call (SimLostReply, SimCrashInHandler) know the delivery from
 // it, and a call from a timer gets only outages. With
-// FaultCrashInHandler, Call panics after f returns: let the panic unwind
+// SimCrashInHandler, Call panics after f returns: let the panic unwind
 // the handler.
 func (e *SimEnv) Call(ctx context.Context, name string, f func() error) error {
 	c := e.c
@@ -65,7 +65,7 @@ func (e *SimEnv) Call(ctx context.Context, name string, f func() error) error {
 	lost := false
 	if d != nil {
 		d.calls++
-		_, lost = c.fault(FaultLostReply, d.s, d.n, d.calls)
+		_, lost = c.fault(SimLostReply, d.s, d.n, d.calls)
 	}
 	c.mu.Unlock()
 	err := f()
@@ -80,17 +80,17 @@ func (e *SimEnv) Call(ctx context.Context, name string, f func() error) error {
 }
 
 // simCrash is the panic that unwinds a handler whose process dies inside
-// it (FaultCrashInHandler).
+// it (SimCrashInHandler).
 type simCrash struct{}
 
 // crashPoint kills the process inside d's handler, after what, when
-// FaultCrashInHandler fires there: it panics with simCrash.
+// SimCrashInHandler fires there: it panics with simCrash.
 func (c *core) crashPoint(d *delivery, what string) {
 	if d == nil {
 		return
 	}
 	c.mu.Lock()
-	_, ok := c.fault(FaultCrashInHandler, d.s, d.n, d.calls)
+	_, ok := c.fault(SimCrashInHandler, d.s, d.n, d.calls)
 	if ok {
 		d.crashed = true
 		c.eventOf(d, "fault: crash-in-handler", "the process dies right after "+what)
@@ -102,8 +102,8 @@ func (c *core) crashPoint(d *delivery, what string) {
 }
 
 // Publish stores msgs as published by the handler (see Published), under
-// FaultPublishFailure: it may fail with ErrSimPublishFailed before storing
-// them or after (a lost confirmation), and under FaultCrashInHandler (it
+// SimPublishFailure: it may fail with ErrSimPublishFailed before storing
+// them or after (a lost confirmation), and under SimCrashInHandler (it
 // panics after storing, as Call does). What it stores survives crashes.
 // Pass the handler's ctx, as to Call.
 func (e *SimEnv) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
@@ -121,7 +121,7 @@ func (c *core) publish(d *delivery, msgs []*ackwise.Message) error {
 	failed := false
 	if d != nil {
 		d.calls++
-		f, failed = c.fault(FaultPublishFailure, d.s, d.n, d.calls)
+		f, failed = c.fault(SimPublishFailure, d.s, d.n, d.calls)
 	}
 	if !failed || f.Stored {
 		for _, m := range msgs {

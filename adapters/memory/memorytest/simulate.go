@@ -43,75 +43,75 @@ func (m SimMode) String() string {
 	return fmt.Sprintf("SimMode(%d)", int(m))
 }
 
-// FaultKind names a fault a [Simulation] injects.
-type FaultKind int
+// SimFaultKind names a fault a [Simulation] injects.
+type SimFaultKind int
 
 // The fault kinds. Each fires, with its FaultRates probability, at one
 // delivery of one message (and, for PublishFailure, LostReply and
 // CrashInHandler, at one call the handler makes during that delivery).
 const (
-	// FaultCrashBeforeAck: the handler returned, its effects are done, and
+	// SimCrashBeforeAck: the handler returned, its effects are done, and
 	// the process dies before the settle (ack, nack, dead letter) reaches
 	// the broker. The handler's memory and timers are lost; Setup builds a
 	// new handler after Simulation.RestartDelay. A queue redelivers the
 	// message when its lease runs out; a log re-reads from the committed
 	// offset.
-	FaultCrashBeforeAck FaultKind = iota + 1
-	// FaultCrashAfterAck: the settle reached the broker, then the process
+	SimCrashBeforeAck SimFaultKind = iota + 1
+	// SimCrashAfterAck: the settle reached the broker, then the process
 	// dies (in-memory state and timers lost, as above).
-	FaultCrashAfterAck
-	// FaultLoseAck: the ack is lost on its way. A queue redelivers the
+	SimCrashAfterAck
+	// SimLoseAck: the ack is lost on its way. A queue redelivers the
 	// message when its lease runs out; on a log the offset commit is lost
 	// (a later commit covers it, unless a crash or rebalance comes first).
-	FaultLoseAck
-	// FaultDuplicate: the broker delivers the message a second time. On a
+	SimLoseAck
+	// SimDuplicate: the broker delivers the message a second time. On a
 	// queue the second delivery carries the same receipt, and whichever is
 	// settled first wins; on a log the record is read once more after its
 	// settle, and that read's settle does not move the offset.
-	FaultDuplicate
-	// FaultReorder (queue): a message going back to the queue (a
+	SimDuplicate
+	// SimReorder (queue): a message going back to the queue (a
 	// redelivery after a lost ack, a crash or a failure) loses its place:
 	// newer messages of its key go first, even with KeyOrdered (as a
-	// standard queue, a retry topic or a Nack on a FIFO queue allow).
-	FaultReorder
-	// FaultRebalance (log): after the settle, the message's partition is
+	// standard queue, a retry topic or a retry through the broker allow).
+	SimReorder
+	// SimRebalance (log): after the settle, the message's partition is
 	// revoked and assigned again: it is re-read from the committed offset
 	// (the handler keeps its memory; retries waiting in place are dropped).
-	FaultRebalance
-	// FaultPublishFailure: a SimEnv.Publish call fails with
+	SimRebalance
+	// SimPublishFailure: a SimEnv.Publish call fails with
 	// ErrSimPublishFailed, either before the messages are stored or after
 	// (a lost confirmation: stored, yet reported failed).
-	FaultPublishFailure
-	// FaultOutage: from this delivery on, for a drawn window of up to
+	SimPublishFailure
+	// SimOutage: from this delivery on, for a drawn window of up to
 	// Simulation.MaxOutage of virtual time, SimEnv.Call returns
 	// ErrSimOutage without calling the dependency.
-	FaultOutage
-	// FaultLostReply: a SimEnv.Call runs the dependency, then returns
+	SimOutage
+	// SimLostReply: a SimEnv.Call runs the dependency, then returns
 	// ErrSimLostReply, as a timeout after the dependency did the work.
-	FaultLostReply
-	// FaultCrashInHandler: the process dies inside the handler, right after
+	SimLostReply
+	// SimCrashInHandler: the process dies inside the handler, right after
 	// a SimEnv.Call or Publish did its work: the sim unwinds the handler
 	// with a panic (so an inbox rolls its claim back, as a database
 	// connection that died would) and treats the process as dead even if
 	// the handler recovers. Effects the handler made outside a transaction
 	// stay.
-	FaultCrashInHandler
+	SimCrashInHandler
 
-	numFaultKinds = int(FaultCrashInHandler) + 1
+	numFaultKinds = int(SimCrashInHandler) + 1
 )
 
 var faultKindNames = [...]string{"", "crash-before-ack", "crash-after-ack", "lose-ack", "duplicate", "reorder", "rebalance", "publish-failure", "outage", "lost-reply", "crash-in-handler"}
 
-func (k FaultKind) String() string {
+func (k SimFaultKind) String() string {
 	if k > 0 && int(k) < len(faultKindNames) {
 		return faultKindNames[k]
 	}
-	return fmt.Sprintf("FaultKind(%d)", int(k))
+	return fmt.Sprintf("SimFaultKind(%d)", int(k))
 }
 
 // FaultRates are the probabilities, each in [0, 1], that a fault of a kind
-// fires at a delivery (FaultReorder: at a message's return to the queue;
-// FaultPublishFailure, FaultLostReply and FaultCrashInHandler: at a call). A zero FaultRates
+// fires at a delivery (SimReorder: at a message's return to the queue;
+// SimPublishFailure, SimLostReply and SimCrashInHandler: at a call). A zero FaultRates
 // means [DefaultFaultRates]; otherwise a zero field turns its kind off,
 // and Off turns every kind off (the workload alone, to test the rules).
 //
@@ -279,7 +279,7 @@ func (s Simulation[S]) validate() error {
 	}
 	for i, r := range s.Faults.rates() {
 		if !(r >= 0 && r <= 1) {
-			return fmt.Errorf("memorytest: FaultRates.%s = %v: must be in [0, 1]", FaultKind(i), r)
+			return fmt.Errorf("memorytest: FaultRates.%s = %v: must be in [0, 1]", SimFaultKind(i), r)
 		}
 	}
 	return s.Retry.Validate()
@@ -287,7 +287,7 @@ func (s Simulation[S]) validate() error {
 
 // SimFault is one fault of a seed's schedule.
 type SimFault struct {
-	Kind FaultKind
+	Kind SimFaultKind
 	// At is the virtual time it fired, since the start.
 	At time.Duration
 	// Msg and Key name the message; Index is its place in the workload.
@@ -297,12 +297,12 @@ type SimFault struct {
 	// Delivery is the message's delivery it fired at (1 is the first;
 	// duplicates count).
 	Delivery int
-	// Call is, for FaultPublishFailure and FaultLostReply, the handler's
+	// Call is, for SimPublishFailure and SimLostReply, the handler's
 	// call it fired at during that delivery (1 is the first).
 	Call int
-	// Outage is the length of a FaultOutage window.
+	// Outage is the length of a SimOutage window.
 	Outage time.Duration
-	// Stored tells, for FaultPublishFailure, that the messages were stored
+	// Stored tells, for SimPublishFailure, that the messages were stored
 	// before the failure (a lost confirmation).
 	Stored bool
 }
@@ -322,9 +322,9 @@ func (f SimFault) String() string {
 		fmt.Fprintf(&sb, ", call %d", f.Call)
 	}
 	switch {
-	case f.Kind == FaultOutage:
+	case f.Kind == SimOutage:
 		fmt.Fprintf(&sb, ", down for %v", f.Outage)
-	case f.Kind == FaultPublishFailure && f.Stored:
+	case f.Kind == SimPublishFailure && f.Stored:
 		sb.WriteString(", after storing (lost confirmation)")
 	}
 	fmt.Fprintf(&sb, ", at %s", fmtAt(f.At))
@@ -457,7 +457,7 @@ func (s Simulation[S]) coreConfig() coreConfig {
 // each message by the handler's error as the engine would (classified by
 // ackwise.Classify with sim.Classifiers; a transient failure retried
 // after sim.Retry's delay until its attempts run out, then
-// dead-lettered), and injects faults drawn from the seed: see FaultKind.
+// dead-lettered), and injects faults drawn from the seed: see SimFaultKind.
 // No goroutine, wall clock or map order decides anything, so a seed run
 // with one worker gives the same timeline every time.
 //
@@ -502,7 +502,7 @@ func Simulate[S any](t testing.TB, sim Simulation[S]) {
 	var sb strings.Builder
 	for k := 1; k < numFaultKinds; k++ {
 		if fired[k] > 0 {
-			fmt.Fprintf(&sb, " %s %d,", FaultKind(k), fired[k])
+			fmt.Fprintf(&sb, " %s %d,", SimFaultKind(k), fired[k])
 		}
 	}
 	t.Logf("memorytest.Simulate: %d seeds passed (%s mode, workers %d), %d deliveries; faults fired:%s", last-first+1, sim.Mode, sim.Workers, deliveries, strings.TrimSuffix(sb.String(), ","))

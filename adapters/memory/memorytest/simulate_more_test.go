@@ -94,7 +94,7 @@ func TestSimulateSQLiteInbox(t *testing.T) {
 			if _, err := sqliteinbox.Tx(ctx).ExecContext(ctx, `INSERT INTO charges (id) VALUES (?)`, msg.ID); err != nil {
 				return err
 			}
-			// A crash here (FaultCrashInHandler) rolls the charge back with
+			// A crash here (SimCrashInHandler) rolls the charge back with
 			// the inbox record: one transaction.
 			return env.Call(ctx, "receipts", func() error { return nil })
 		}), inbox)
