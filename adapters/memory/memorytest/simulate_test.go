@@ -358,9 +358,10 @@ func TestSimulateSameSeedSameTimeline(t *testing.T) {
 			Check: func(*memorytest.SimEnv, *shop) error { return nil },
 			Mode:  mode,
 			Faults: memorytest.FaultRates{CrashBeforeAck: 0.1, CrashAfterAck: 0.1, LoseAck: 0.1, Duplicate: 0.1,
-				Reorder: 0.5, Rebalance: 0.1, PublishFailure: 0.2, Outage: 0.05, LostReply: 0.1},
+				Reorder: 0.5, Rebalance: 0.1, PublishFailure: 0.2, Outage: 0.05, LostReply: 0.1, CrashInHandler: 0.05},
 			Retry: retry.Policy{MaxAttempts: 4},
 		}
+		compared := 0
 		for seed := uint64(1); seed <= 5; seed++ {
 			first, err := sim.Trace(seed)
 			if err != nil {
@@ -369,12 +370,16 @@ func TestSimulateSameSeedSameTimeline(t *testing.T) {
 			if len(first.Faults) == 0 {
 				continue
 			}
+			compared++
 			for run := 2; run <= 20; run++ {
 				tr, _ := sim.Trace(seed)
 				if got, want := tr.Timeline(), first.Timeline(); got != want {
 					t.Fatalf("%s seed %d: run %d's timeline differs from run 1's:\n%s\nrun 1:\n%s", mode, seed, run, got, want)
 				}
 			}
+		}
+		if compared < 3 {
+			t.Fatalf("%s: only %d of 5 seeds drew faults", mode, compared)
 		}
 	}
 }
