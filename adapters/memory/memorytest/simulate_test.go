@@ -189,8 +189,13 @@ func TestSimulateFindsTheSeedScenario(t *testing.T) {
 				if n := shrunkFaults(t, msg); n != 1 || !strings.Contains(msg, "1. "+tc.fault+" on") {
 					t.Errorf("shrunk to %d faults, want the one %s:\n%s", n, tc.fault, msg)
 				}
-				if took > time.Second {
-					t.Errorf("found in %v, want under 1s", took)
+				// The wall time is logged, not asserted (a busy machine must not
+				// fail it); what bounds it is the seed the failure is found at,
+				// which is deterministic: each seed costs well under a millisecond
+				// (BenchmarkSimulate1000Seeds).
+				var seed int
+				if _, err := fmt.Sscanf(msg[strings.Index(msg, "seed "):], "seed %d", &seed); err != nil || seed > 100 {
+					t.Errorf("found at seed %d (%v), want within the first 100 seeds", seed, err)
 				}
 				t.Logf("found and shrunk in %v:\n%s", took, msg)
 			})
