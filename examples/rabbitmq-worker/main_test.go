@@ -17,6 +17,7 @@ import (
 	"github.com/ackwise/ackwise/dlq"
 	"github.com/ackwise/ackwise/examples/internal/ops"
 	"github.com/ackwise/ackwise/examples/internal/orders"
+	"github.com/ackwise/ackwise/examples/internal/worker"
 	"github.com/ackwise/ackwise/examples/internal/workertest"
 )
 
@@ -64,19 +65,21 @@ func setup(t *testing.T, demo int) (options, *amqp.Connection) {
 	})
 	_, schema := workertest.Schema(t)
 	return options{
-		broker:      rabbitURL(),
-		queue:       queue,
-		queueType:   "quorum",
-		tiers:       "100ms,200ms",
-		attempts:    4,
-		concurrency: 4,
-		prefetch:    64,
-		postgres:    workertest.PostgresURL(),
-		schema:      schema,
-		addr:        "127.0.0.1:0",
-		traces:      ops.TracesNone,
-		drain:       10 * time.Second,
-		demo:        demo,
+		Options: worker.Options{
+			Attempts:    4,
+			Concurrency: 4,
+			Postgres:    workertest.PostgresURL(),
+			Schema:      schema,
+			Addr:        "127.0.0.1:0",
+			Traces:      ops.TracesNone,
+			Drain:       10 * time.Second,
+			Demo:        demo,
+		},
+		broker:    rabbitURL(),
+		queue:     queue,
+		queueType: "quorum",
+		tiers:     "100ms,200ms",
+		prefetch:  64,
 	}, conn
 }
 
@@ -85,7 +88,7 @@ func setup(t *testing.T, demo int) (options, *amqp.Connection) {
 func start(t *testing.T, o options, traces, logs *workertest.Buffer) *workertest.Worker {
 	t.Helper()
 	return workertest.Start(t, func(ctx context.Context, listening func(string)) (orders.Summary, error) {
-		o.listening = listening
+		o.Listening = listening
 		return run(ctx, o, traces.Writer(), logs.Writer())
 	})
 }
@@ -114,7 +117,7 @@ func depth(t *testing.T, conn *amqp.Connection, queue string) int {
 func TestWorkerEndToEnd(t *testing.T) {
 	t.Parallel()
 	o, conn := setup(t, 12)
-	o.traces = ops.TracesStdout
+	o.Traces = ops.TracesStdout
 	var traces, logs workertest.Buffer
 	w := start(t, o, &traces, &logs)
 	workertest.AwaitStatus(t, w.Base+"/readyz", http.StatusOK)
@@ -202,8 +205,8 @@ func TestWorkerEndToEnd(t *testing.T) {
 // dead-lettered. (Not parallel: SIGTERM goes to the whole test process.)
 func TestWorkerDrainsOnSIGTERM(t *testing.T) {
 	o, conn := setup(t, 30)
-	o.work = 50 * time.Millisecond // 30 orders, 2 at a time: at least 750ms of work
-	o.concurrency = 2
+	o.Work = 50 * time.Millisecond // 30 orders, 2 at a time: at least 750ms of work
+	o.Concurrency = 2
 	w := start(t, o, nil, nil)
 	workertest.AwaitStatus(t, w.Base+"/readyz", http.StatusOK)
 	workertest.AwaitOutcomes(t, w.Base+"/metrics", func(out map[string]float64) bool { return out["acked"] > 0 })
@@ -223,8 +226,8 @@ func TestWorkerDrainsOnSIGTERM(t *testing.T) {
 	}
 
 	// A second worker, as after a restart, finishes the rest.
-	o.demo = 0
-	o.work = 0
+	o.Demo = 0
+	o.Work = 0
 	w = start(t, o, nil, nil)
 	workertest.AwaitOutcomes(t, w.Base+"/metrics", func(out map[string]float64) bool {
 		return first.Acked+int(out["acked"]) >= 29 && first.DeadLettered+int(out["dead-lettered"]) >= 1
@@ -233,7 +236,7 @@ func TestWorkerDrainsOnSIGTERM(t *testing.T) {
 	if r := w.Wait(t); r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	store, err := orders.OpenPostgres(t.Context(), o.postgres, o.schema, "orders-worker", 2, nil)
+	store, err := orders.OpenPostgres(t.Context(), o.Postgres, o.Schema, worker.Name, 2, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,8 +256,8 @@ func TestWorkerDrainsOnSIGTERM(t *testing.T) {
 func TestWorkerSQLiteExitsWhenDone(t *testing.T) {
 	t.Parallel()
 	o, _ := setup(t, 5)
-	o.sqlite = filepath.Join(t.TempDir(), "worker.db")
-	o.exitWhenDone = true
+	o.SQLite = filepath.Join(t.TempDir(), "worker.db")
+	o.ExitWhenDone = true
 	ctx, cancel := context.WithTimeout(t.Context(), workertest.Wait)
 	defer cancel()
 	sum, err := run(ctx, o, nil, nil)
@@ -275,8 +278,8 @@ func TestRunRejectsBadOptions(t *testing.T) {
 		o    options
 		want string
 	}{
-		{options{demo: -1}, "-demo -1"},
-		{options{exitWhenDone: true}, "-exit-when-done"},
+		{options{Options: worker.Options{Demo: -1}}, "-demo -1"},
+		{options{Options: worker.Options{ExitWhenDone: true}}, "-exit-when-done"},
 		{options{broker: "amqp://guest:secret@127.0.0.1:5672/orders"}, "the queue is -queue"},
 	} {
 		_, err := run(t.Context(), tc.o, nil, nil)
