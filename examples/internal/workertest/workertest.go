@@ -15,6 +15,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -23,7 +24,10 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/examples/internal/ops"
 	"github.com/ackwise/ackwise/examples/internal/orders"
+	"github.com/ackwise/ackwise/examples/internal/worker"
 )
 
 // Wait bounds every wait of these helpers: generous, for a busy machine.
@@ -67,6 +71,24 @@ func Schema(t *testing.T) (*pgxpool.Pool, string) {
 		pool.Close()
 	})
 	return pool, schema
+}
+
+// Options are the worker options of an end-to-end test: a PostgreSQL
+// schema of its own (Schema), an HTTP port of its own, 4 attempts and 4
+// handlers at once, no traces, n demo orders.
+func Options(t *testing.T, n int) worker.Options {
+	t.Helper()
+	_, schema := Schema(t)
+	return worker.Options{
+		Attempts:    4,
+		Concurrency: 4,
+		Postgres:    PostgresURL(),
+		Schema:      schema,
+		Addr:        "127.0.0.1:0",
+		Traces:      ops.TracesNone,
+		Drain:       10 * time.Second,
+		Demo:        n,
+	}
 }
 
 // Result is what a worker's run returned.
@@ -241,4 +263,174 @@ func (b *Buffer) JSONLines(t *testing.T) []map[string]any {
 		out = append(out, m)
 	}
 	return out
+}
+
+// DemoSummary is the summary of a demo run of n orders (orders.Demo) whose
+// IDs start with prefix: all but the last (poison) acked and shipped once,
+// the last dead-lettered, two retries for every fourth order but the last.
+func DemoSummary(n int, prefix string) orders.Summary {
+	flaky := (n - 1) / 4 // indexes 3, 7, … up to n-2
+	return orders.Summary{Orders: n, Acked: n - 1, DeadLettered: 1, Retried: 2 * flaky, Shipped: n - 1, Shipments: n - 1, IDPrefix: prefix}
+}
+
+// AwaitDemoSettled waits until the scrape at base+"/metrics" counts the n
+// demo orders settled (n-1 acked, 1 dead-lettered), checks the retries it
+// counts and that it serves ackwise's instruments beside the Go runtime's,
+// and returns the scrape.
+func AwaitDemoSettled(t *testing.T, base string, n int) string {
+	t.Helper()
+	out, scrape := AwaitOutcomes(t, base+"/metrics", func(out map[string]float64) bool {
+		return out["acked"] == float64(n-1) && out["dead-lettered"] == 1
+	})
+	if want := DemoSummary(n, "").Retried; out["retried"] != float64(want) {
+		t.Errorf("retried = %v, want %d", out["retried"], want)
+	}
+	for _, want := range []string{"ackwise_consumer_handler_duration_seconds_bucket", "ackwise_consumer_redeliveries_total", "go_goroutines", `ackwise_consumer_name="orders-worker"`} {
+		if !strings.Contains(scrape, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	return scrape
+}
+
+// CheckLogs checks that every log line is a JSON object and that one
+// records the dead letter of eventID with reason permanent.
+func CheckLogs(t *testing.T, logs *Buffer, eventID string) {
+	t.Helper()
+	for _, l := range logs.JSONLines(t) {
+		if l["msg"] == "dead-lettered" && l[ackwise.LogKeyEventID] == eventID && l[ackwise.LogKeyReason] == "permanent" {
+			return
+		}
+	}
+	t.Errorf("no JSON log record of the dead letter of %s", eventID)
+}
+
+// CheckTraces checks the spans written (stdouttrace, a JSON object per
+// line): runs spans named process (the handler runs) are children of the
+// span "publish demo orders", in its trace.
+func CheckTraces(t *testing.T, traces *Buffer, process string, runs int) {
+	t.Helper()
+	type span struct {
+		Name        string
+		SpanContext struct{ TraceID string }
+		Parent      struct{ TraceID string }
+	}
+	var spans []span
+	for _, l := range traces.JSONLines(t) {
+		raw, _ := json.Marshal(l)
+		var s span
+		if err := json.Unmarshal(raw, &s); err != nil {
+			t.Fatal(err)
+		}
+		spans = append(spans, s)
+	}
+	var producer string
+	for _, s := range spans {
+		if s.Name == "publish demo orders" {
+			producer = s.SpanContext.TraceID
+		}
+	}
+	n := 0
+	for _, s := range spans {
+		if s.Name == process && producer != "" && s.Parent.TraceID == producer {
+			n++
+		}
+	}
+	if n != runs {
+		t.Errorf("%d spans; %d named %q in the producer's trace %q, want %d", len(spans), n, process, producer, runs)
+	}
+}
+
+// CheckDrainAndRestart is the drain test of both examples. start starts
+// a worker with the options of the test but these: demo orders to publish
+// first, how long each handler call takes, and handlers at once. It
+// starts a worker with 30 demo orders, 2 handlers at once taking 50ms
+// each, and sends SIGTERM to the process once one order is acked: the
+// worker must drain and return nil, with each order it acked shipped once
+// and some orders left. A second worker (no demo) must then finish the
+// rest: 29 orders shipped exactly once in the PostgreSQL schema, all
+// acked, the poison one dead-lettered.
+//
+// Not for a parallel test: the signal goes to the whole test process.
+func CheckDrainAndRestart(t *testing.T, schema string, start func(demo int, work time.Duration, concurrency int) *Worker) {
+	t.Helper()
+	const n = 30
+	w := start(n, 50*time.Millisecond, 2) // at least 750ms of work
+	AwaitStatus(t, w.Base+"/readyz", http.StatusOK)
+	AwaitOutcomes(t, w.Base+"/metrics", func(out map[string]float64) bool { return out["acked"] > 0 })
+	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r := w.Wait(t)
+	if r.Err != nil {
+		t.Fatalf("run after SIGTERM = %v, want nil (drained)", r.Err)
+	}
+	first := r.Summary
+	t.Log("first worker:", first)
+	// A first worker that handled everything before SIGTERM took effect
+	// would leave nothing to drain: at 2 orders per 50ms, it cannot.
+	if first.Acked+first.DeadLettered >= n || first.Shipments != first.Shipped || first.Shipped != first.Acked {
+		t.Fatalf("first worker: %v; want some orders left, each acked order shipped once", first)
+	}
+
+	// A second worker, as after a restart, finishes the rest.
+	w = start(0, 0, 4)
+	AwaitOutcomes(t, w.Base+"/metrics", func(out map[string]float64) bool {
+		return first.Acked+int(out["acked"]) >= n-1 && first.DeadLettered+int(out["dead-lettered"]) >= 1
+	})
+	w.Cancel()
+	if r := w.Wait(t); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	store, err := orders.OpenPostgres(t.Context(), PostgresURL(), schema, "orders-worker", 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	shipped, rows, err := store.Shipped(t.Context(), first.IDPrefix)
+	if err != nil || shipped != n-1 || rows != n-1 {
+		t.Fatalf("shipped %d orders in %d rows (%v); want %d in %d", shipped, rows, err, n-1, n-1)
+	}
+}
+
+// CheckExitsWhenDone runs a worker with n demo orders and -exit-when-done
+// (run does the rest of the options) and checks that it returns by itself,
+// before the test's deadline, with the demo's summary.
+func CheckExitsWhenDone(t *testing.T, n int, run func(ctx context.Context) (orders.Summary, error)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), Wait)
+	defer cancel()
+	sum, err := run(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("run returned only when the test's deadline passed")
+	}
+	if want := DemoSummary(n, sum.IDPrefix); sum != want {
+		t.Fatalf("summary %v, want %v", sum, want)
+	}
+}
+
+// RunDemo runs the worker w, started with n demo orders: /readyz is 200
+// while it runs, its scrape counts the orders settled (AwaitDemoSettled);
+// then it is stopped (a drain) and must return nil with the demo's
+// summary. It returns the summary and the scrape.
+func RunDemo(t *testing.T, w *Worker, n int) (orders.Summary, string) {
+	t.Helper()
+	AwaitStatus(t, w.Base+"/readyz", http.StatusOK)
+	scrape := AwaitDemoSettled(t, w.Base, n)
+	if code, body := Get(t, w.Base+"/healthz"); code != http.StatusOK || !strings.HasPrefix(body, "running\n") {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	w.Cancel()
+	r := w.Wait(t)
+	if r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	t.Log(r.Summary)
+	if want := DemoSummary(n, r.Summary.IDPrefix); r.Summary != want {
+		t.Fatalf("summary %v, want %v", r.Summary, want)
+	}
+	return r.Summary, scrape
 }
