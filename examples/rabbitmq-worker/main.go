@@ -28,6 +28,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -55,7 +56,7 @@ type options struct {
 func main() {
 	var o options
 	o.Flags(flag.CommandLine)
-	flag.StringVar(&o.broker, "amqp", envOr("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672"), "RabbitMQ `URL`, without a path (env AMQP_URL)")
+	flag.StringVar(&o.broker, "amqp", "", "RabbitMQ `URL`, without a path (default: $AMQP_URL, else "+defaultBroker+")")
 	flag.StringVar(&o.queue, "queue", "orders", "work `queue`; its wait queues are QUEUE.wait.TIER, its dead-letter queue QUEUE.dlq")
 	flag.StringVar(&o.queueType, "queue-type", "quorum", "`type` of every queue of the topology: quorum or classic")
 	flag.StringVar(&o.tiers, "tiers", "1s,5s,30s", "retry delays, one wait queue `each` (whole milliseconds)")
@@ -72,12 +73,7 @@ func main() {
 	}
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
-}
+const defaultBroker = "amqp://guest:guest@127.0.0.1:5672"
 
 // run runs the worker (worker.Run) on the RabbitMQ queue o names.
 func run(ctx context.Context, o options, stdout, stderr io.Writer) (orders.Summary, error) {
@@ -99,7 +95,7 @@ func run(ctx context.Context, o options, stdout, stderr io.Writer) (orders.Summa
 // (declare=true) before it consumes, and again after every reconnection:
 // the work queue, one wait queue per tier, and the dead-letter queue.
 func brokerURLs(o options) (source, sink string, err error) {
-	u, err := url.Parse(o.broker)
+	u, err := url.Parse(cmp.Or(o.broker, worker.Env("AMQP_URL", defaultBroker)))
 	if err != nil {
 		return "", "", fmt.Errorf("-amqp: %w", errors.Unwrap(err))
 	}

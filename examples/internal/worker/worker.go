@@ -8,6 +8,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -58,7 +59,7 @@ type Options struct {
 func (o *Options) Flags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Attempts, "attempts", 5, "deliveries an order gets before it is dead-lettered (max-attempts)")
 	fs.IntVar(&o.Concurrency, "concurrency", 8, "handlers at once (one customer's orders one at a time)")
-	fs.StringVar(&o.Postgres, "postgres", envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "PostgreSQL `DSN` of the inbox and shipments (env DATABASE_URL)")
+	fs.StringVar(&o.Postgres, "postgres", "", "PostgreSQL `DSN` of the inbox and shipments (default: $DATABASE_URL, else "+DefaultPostgres+")")
 	fs.StringVar(&o.Schema, "schema", "orders_worker", "PostgreSQL `schema` of the tables (created if missing)")
 	fs.StringVar(&o.SQLite, "sqlite", "", "use the SQLite `file` instead of PostgreSQL")
 	fs.StringVar(&o.Addr, "addr", "127.0.0.1:8080", "`address` of /healthz, /readyz and /metrics")
@@ -79,7 +80,14 @@ func (o Options) Check() error {
 	return nil
 }
 
-func envOr(key, def string) string {
+// DefaultPostgres is the database used when neither -postgres nor
+// DATABASE_URL names one.
+const DefaultPostgres = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// Env returns the value of the environment variable key, else def. Flags
+// whose value may hold a password take it at run time, not as their
+// default, which -h would print.
+func Env(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
 	}
@@ -119,7 +127,8 @@ func Run(ctx context.Context, o Options, b Broker, stdout, stderr io.Writer) (or
 	if o.SQLite != "" {
 		store, err = orders.OpenSQLite(ctx, o.SQLite, Name, log)
 	} else {
-		store, err = orders.OpenPostgres(ctx, o.Postgres, o.Schema, Name, int32(o.Concurrency+4), log)
+		dsn := cmp.Or(o.Postgres, Env("DATABASE_URL", DefaultPostgres))
+		store, err = orders.OpenPostgres(ctx, dsn, o.Schema, Name, int32(o.Concurrency+4), log)
 	}
 	if err != nil {
 		return orders.Summary{}, fmt.Errorf("inbox: %w", err)
