@@ -344,7 +344,7 @@ func CheckTraces(t *testing.T, traces *Buffer, process string, runs int) {
 // CheckDrainAndRestart is the drain test of both examples. start starts
 // a worker with the options of the test but these: demo orders to publish
 // first, how long each handler call takes, and handlers at once. It
-// starts a worker with 30 demo orders, 2 handlers at once taking 50ms
+// starts a worker with 30 demo orders, 2 handlers at once taking 100ms
 // each, and sends SIGTERM to the process once one order is acked: the
 // worker must drain and return nil, with each order it acked shipped once
 // and some orders left. A second worker (no demo) must then finish the
@@ -355,7 +355,7 @@ func CheckTraces(t *testing.T, traces *Buffer, process string, runs int) {
 func CheckDrainAndRestart(t *testing.T, schema string, start func(demo int, work time.Duration, concurrency int) *Worker) {
 	t.Helper()
 	const n = 30
-	w := start(n, 50*time.Millisecond, 2) // at least 750ms of work
+	w := start(n, 100*time.Millisecond, 2) // at least 1.5s of work
 	AwaitStatus(t, w.Base+"/readyz", http.StatusOK)
 	AwaitOutcomes(t, w.Base+"/metrics", func(out map[string]float64) bool { return out["acked"] > 0 })
 	if err := syscall.Kill(syscall.Getpid(), syscall.SIGTERM); err != nil {
@@ -368,7 +368,7 @@ func CheckDrainAndRestart(t *testing.T, schema string, start func(demo int, work
 	first := r.Summary
 	t.Log("first worker:", first)
 	// A first worker that handled everything before SIGTERM took effect
-	// would leave nothing to drain: at 2 orders per 50ms, it cannot.
+	// would leave nothing to drain: at 2 orders per 100ms, it cannot.
 	if first.Acked+first.DeadLettered >= n || first.Shipments != first.Shipped || first.Shipped != first.Acked {
 		t.Fatalf("first worker: %v; want some orders left, each acked order shipped once", first)
 	}
