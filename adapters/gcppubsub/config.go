@@ -11,6 +11,8 @@ import (
 	"google.golang.org/api/option"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/ackwise/ackwise/retry"
 )
 
 // Defaults of a source's Config.
@@ -25,9 +27,30 @@ type Config struct {
 	Project string
 	// Subscription is the subscription's ID within Project.
 	Subscription string
-	// DeadLetterTopic is the topic DeadLetter publishes to: a topic ID in
-	// Project, or a full name "projects/P/topics/T". Required.
+	// DeadLetterTopic picks who dead-letters (see the package doc's "Dead
+	// letters"). Set, a topic ID in Project or a full name
+	// "projects/P/topics/T": ackwise-managed, DeadLetter publishes there
+	// with the envelope, then acks. Empty: broker-managed, the
+	// subscription's DeadLetterPolicy forwards a message after its
+	// MaxDeliveryAttempts, and DeadLetter fails (errors.ErrUnsupported) so
+	// that the engine hands the message back for Pub/Sub to count; with no
+	// DeadLetterPolicy either, a poison message comes back for ever (a
+	// warning says so), which is what the dlq tools want of a dead-letter
+	// subscription.
 	DeadLetterTopic string
+	// Retry is the consumer's retry policy (consumer.Config.Retry), which
+	// NewSource checks the subscription against: its MaxAttempts against
+	// the DeadLetterPolicy's MaxDeliveryAttempts (a mismatch is refused),
+	// its delays against the RetryPolicy (a warning), its worst hold in
+	// place against MaxExtension. The zero value means retry's defaults,
+	// as for the consumer. The source itself retries nothing.
+	Retry retry.Policy
+	// HandlerTimeout is the consumer's handler timeout
+	// (middleware.Timeout), if any: a MaxExtension below it is refused,
+	// and a zero MaxExtension becomes long enough for every attempt in
+	// place (MaxAttempts × HandlerTimeout plus the retry delays), at least
+	// DefaultMaxExtension. Zero: no timeout known.
+	HandlerTimeout time.Duration
 	// Endpoint is the Pub/Sub API endpoint (host:port), reached with TLS
 	// and the default credentials; empty: Google's global endpoint.
 	Endpoint string
@@ -45,7 +68,7 @@ type Config struct {
 	// above the consumer's handler timeout (plus its retries in place):
 	// a delivery held longer is no longer Valid, and its Ack fails with
 	// adapters.ErrReceiptInvalid after a warning. Zero means
-	// DefaultMaxExtension.
+	// DefaultMaxExtension, or more with HandlerTimeout set (see there).
 	MaxExtension time.Duration
 	// AckDeadline is the ack deadline the client asks for a delivery on
 	// receipt and at each extension (ReceiveSettings.
@@ -116,8 +139,6 @@ func (c *Config) validate() error {
 		return errors.New("gcppubsub: Config.Project is empty")
 	case c.Subscription == "":
 		return errors.New("gcppubsub: Config.Subscription is empty")
-	case c.DeadLetterTopic == "":
-		return errors.New("gcppubsub: Config.DeadLetterTopic is empty: ackwise dead-letters there")
 	case c.Endpoint != "" && c.Emulator != "":
 		return errors.New("gcppubsub: Config.Endpoint and Config.Emulator are both set")
 	case c.MaxOutstandingMessages < 0:
@@ -126,15 +147,49 @@ func (c *Config) validate() error {
 		return fmt.Errorf("gcppubsub: Config.AckDeadline %v is not in [10s, 600s]", c.AckDeadline)
 	case c.MaxExtension < 0:
 		return fmt.Errorf("gcppubsub: Config.MaxExtension %v is negative", c.MaxExtension)
+	case c.HandlerTimeout < 0:
+		return fmt.Errorf("gcppubsub: Config.HandlerTimeout %v is negative", c.HandlerTimeout)
+	case c.MaxExtension != 0 && c.MaxExtension < c.HandlerTimeout:
+		return fmt.Errorf("gcppubsub: Config.MaxExtension %v (max_extension=) is below Config.HandlerTimeout %v (handler_timeout=): the client would stop extending a delivery while its handler may still run, and Pub/Sub deliver it again; raise MaxExtension, or leave it 0", c.MaxExtension, c.HandlerTimeout)
 	}
-	if _, _, err := topicName(c.Project, c.DeadLetterTopic); err != nil {
-		return fmt.Errorf("gcppubsub: Config.DeadLetterTopic %q: %v", c.DeadLetterTopic, err)
+	if err := c.Retry.Validate(); err != nil {
+		return fmt.Errorf("gcppubsub: Config.Retry: %w", err)
+	}
+	if c.DeadLetterTopic != "" {
+		if _, _, err := topicName(c.Project, c.DeadLetterTopic); err != nil {
+			return fmt.Errorf("gcppubsub: Config.DeadLetterTopic %q: %v", c.DeadLetterTopic, err)
+		}
 	}
 	if c.MaxOutstandingMessages == 0 {
 		c.MaxOutstandingMessages = DefaultMaxOutstandingMessages
 	}
 	if c.MaxExtension == 0 {
-		c.MaxExtension = DefaultMaxExtension
+		c.MaxExtension = max(DefaultMaxExtension, c.holdInPlace())
 	}
 	return nil
+}
+
+// holdInPlace is the longest the consumer may hold a delivery when it
+// retries in place: every attempt's HandlerTimeout and the longest delays
+// between them (jitter included); 0 without a HandlerTimeout or with
+// unlimited attempts (no bound).
+func (c *Config) holdInPlace() time.Duration {
+	p := c.Retry.WithDefaults()
+	if c.HandlerTimeout == 0 || p.MaxAttempts == retry.Unlimited {
+		return 0
+	}
+	n := min(p.MaxAttempts, 1<<16)
+	hold := c.HandlerTimeout * time.Duration(n)
+	jitter := p.Jitter
+	p.Jitter = retry.NoJitter
+	for a := 1; a < n; a++ {
+		d := p.Delay(a)
+		if len(p.Tiers) == 0 && jitter != retry.NoJitter {
+			// Jitter spreads a delay up to (1+Jitter) times, mirrored
+			// below MaxInterval.
+			d = min(time.Duration(float64(d)*(1+jitter)), p.MaxInterval)
+		}
+		hold += d
+	}
+	return hold
 }

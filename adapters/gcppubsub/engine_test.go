@@ -42,16 +42,7 @@ func TestEnginePoisonDeadLettered(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- c.Run(rctx) }()
 
-	var dl []*ackwise.Message
-	for dl == nil {
-		if dl = f.deadLetters(ctx, t, d); dl == nil {
-			select {
-			case <-ctx.Done():
-				t.Fatal("no dead letter")
-			case <-time.After(20 * time.Millisecond): // the topic has no notification to await
-			}
-		}
-	}
+	dl := f.awaitDeadLetters(ctx, t, d, 1)
 	for seen := map[string]bool{}; !seen[good.ID]; {
 		select {
 		case id := <-handled:

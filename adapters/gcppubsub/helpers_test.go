@@ -116,6 +116,22 @@ func (f *fake) deadLetters(ctx context.Context, t testing.TB, d dest) []*ackwise
 	return append([]*ackwise.Message(nil), f.dead[d.dlSub]...)
 }
 
+// awaitDeadLetters polls d's dead-letter subscription until it held n
+// dead letters, and returns them; it fails t when ctx ends first.
+func (f *fake) awaitDeadLetters(ctx context.Context, t testing.TB, d dest, n int) []*ackwise.Message {
+	t.Helper()
+	for {
+		if dl := f.deadLetters(ctx, t, d); len(dl) >= n {
+			return dl
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("fewer than %d dead letters on %s", n, d.dlSub)
+		case <-time.After(20 * time.Millisecond): // the topic has no notification to await
+		}
+	}
+}
+
 // testLogger logs through t.
 func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tWriter{t}, nil))

@@ -117,12 +117,14 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		client.Close()
 		return nil, fmt.Errorf("gcppubsub: reading subscription %s (needs pubsub.subscriptions.get): %w", name, err)
 	}
-	dlName, _, _ := topicName(cfg.Project, cfg.DeadLetterTopic)
+	if err := checkSubscription(cfg, ps, log.With("subscription", name)); err != nil {
+		client.Close()
+		return nil, err
+	}
 	s := &Source{
 		cfg:        cfg,
 		client:     client,
 		sub:        client.Subscriber(name),
-		dl:         client.Publisher(dlName),
 		name:       name,
 		log:        log.With("subscription", name),
 		eos:        ps.GetEnableExactlyOnceDelivery(),
@@ -133,10 +135,11 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		out:        map[*handle]struct{}{},
 		counted:    map[string]int{},
 	}
-	s.caps = capabilities(ps)
-	if rp := ps.GetRetryPolicy(); rp != nil && !s.caps.Delay {
-		s.log.Info("gcppubsub: the subscription's retry policy backs off exponentially, so Nack cannot honour a given delay: the consumer retries in place", "minimum_backoff", rp.GetMinimumBackoff().AsDuration(), "maximum_backoff", rp.GetMaximumBackoff().AsDuration())
+	if cfg.DeadLetterTopic != "" {
+		dlName, _, _ := topicName(cfg.Project, cfg.DeadLetterTopic)
+		s.dl = client.Publisher(dlName)
 	}
+	s.caps = capabilities(ps)
 	s.sub.ReceiveSettings.MaxOutstandingMessages = cfg.MaxOutstandingMessages
 	s.sub.ReceiveSettings.MaxExtension = cfg.MaxExtension
 	s.sub.ReceiveSettings.MaxDurationPerAckExtension = cfg.AckDeadline
@@ -262,13 +265,20 @@ func (s *Source) message(m *pubsub.Message) *ackwise.Message {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
+	key := m.OrderingKey
 	hs := make(ackwise.Headers, 0, len(keys))
 	for _, k := range keys {
+		if k == HeaderKey && key == "" {
+			// A dead letter's ordering key (see DeadLetter): the key
+			// again, so that a redrive publishes it on its key.
+			key = m.Attributes[k]
+			continue
+		}
 		hs = append(hs, ackwise.Header{Key: k, Value: m.Attributes[k]})
 	}
 	return &ackwise.Message{
 		ID:          m.Attributes[ackwise.HeaderEventID],
-		Key:         m.OrderingKey,
+		Key:         key,
 		Payload:     m.Data,
 		Headers:     hs,
 		Source:      s.name,
@@ -425,6 +435,11 @@ func (s *Source) quietAfter(t time.Time) {
 // the ordering key as attribute ackwise-key; once Pub/Sub confirmed the
 // publish, it acks msg. A publish not confirmed leaves msg unsettled.
 func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
+	if s.dl == nil {
+		// Broker-managed: the engine hands the message back (Release),
+		// and Pub/Sub counts the delivery towards its dead-letter policy.
+		return fmt.Errorf("gcppubsub: no dead-letter topic (dead_letter_topic=): message %s is handed back for the subscription's dead-letter policy, if any, to forward: %w", msg.BrokerID, errors.ErrUnsupported)
+	}
 	h, err := s.take(msg)
 	if err != nil {
 		return err
@@ -434,8 +449,8 @@ func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.E
 	for _, kv := range hs {
 		attrs[kv.Key] = kv.Value
 	}
-	if h.m.OrderingKey != "" {
-		attrs[HeaderKey] = h.m.OrderingKey
+	if msg.Key != "" {
+		attrs[HeaderKey] = msg.Key
 	}
 	if _, err := s.dl.Publish(ctx, &pubsub.Message{Data: h.m.Data, Attributes: attrs}).Get(ctx); err != nil {
 		s.giveBack(h)
@@ -493,7 +508,9 @@ func (s *Source) Close() error {
 		case <-time.After(closeTimeout):
 			s.log.Warn("gcppubsub: the client's Receive did not end in time on Close: the last acks and nacks may be lost (their messages are delivered again after their ack deadline)", "timeout", closeTimeout)
 		}
-		s.dl.Stop()
+		if s.dl != nil {
+			s.dl.Stop()
+		}
 		err = s.client.Close()
 		if recvErr != nil && !errors.Is(recvErr, context.Canceled) {
 			err = errors.Join(fmt.Errorf("gcppubsub: receiving from %s: %w", s.name, recvErr), err)

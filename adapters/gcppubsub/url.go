@@ -48,10 +48,12 @@ var params = func() *urlparam.Table {
 	t := urlparam.NewTable("gcppubsub",
 		urlparam.Param{Name: "endpoint", Side: both, Type: "host:port", Doc: "Pub/Sub API endpoint (a regional one, say), with TLS and the default credentials"},
 		urlparam.Param{Name: "emulator", Side: both, Type: "host:port", Doc: "an emulator's address: plaintext, no credentials, as PUBSUB_EMULATOR_HOST"},
-		urlparam.Param{Name: "dead_letter_topic", Side: src, Type: "string", Doc: "topic ackwise dead-letters to: a topic ID in the URL's project, or projects/P/topics/T (required)"},
+		urlparam.Param{Name: "dead_letter_topic", Side: src, Type: "string", Doc: "ackwise-managed dead letters: the topic ackwise dead-letters to, a topic ID in the URL's project or projects/P/topics/T (default: none, broker-managed by the subscription's dead-letter policy)"},
+		urlparam.Param{Name: "max_attempts", Side: src, Type: "int ≥ 1, or -1", Doc: "the consumer's max attempts (retry.Policy.MaxAttempts), checked against the subscription's dead-letter policy (default 5, retry's; -1: unlimited)"},
+		urlparam.Param{Name: "handler_timeout", Side: src, Type: "duration", Doc: "the consumer's handler timeout: max_extension must not be below it, and defaults to cover every attempt in place (default: none)"},
 		urlparam.Param{Name: "max_outstanding", Side: src, Type: "int ≥ 1", Doc: "flow control: most messages received and not yet settled (default 100)"},
 		urlparam.Param{Name: "ack_deadline", Side: src, Type: "duration in [10s, 600s]", Doc: "ack deadline the client asks per extension: how soon a delivery lost by a stopped consumer comes back (default: the client's, 60s at first)"},
-		urlparam.Param{Name: "max_extension", Side: src, Type: "duration", Doc: "longest the client extends a delivery's ack deadline (default 60m); keep it above the handler timeout"},
+		urlparam.Param{Name: "max_extension", Side: src, Type: "duration", Doc: "longest the client extends a delivery's ack deadline (default 60m, or longer to cover handler_timeout's attempts); not below handler_timeout"},
 	)
 	t.Schemes = []string{"gcppubsub"}
 	t.NeedHost = true
@@ -77,7 +79,6 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 	cfg := Config{Project: project, Subscription: sub}
 	q.String(&cfg.Endpoint, "endpoint")
 	q.String(&cfg.Emulator, "emulator")
-	q.Require("dead_letter_topic", "a source needs one: ackwise dead-letters there")
 	if q.String(&cfg.DeadLetterTopic, "dead_letter_topic") {
 		if _, _, err := topicName(project, cfg.DeadLetterTopic); err != nil {
 			q.Fail(q.Errorf("dead_letter_topic", "%v", err))
@@ -88,6 +89,10 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 		q.Fail(q.Errorf("ack_deadline", "is not a whole number of seconds"))
 	}
 	q.Duration(&cfg.MaxExtension, "max_extension", time.Second, urlparam.MaxDuration)
+	q.Duration(&cfg.HandlerTimeout, "handler_timeout", 1, urlparam.MaxDuration)
+	if urlparam.Int(q, &cfg.Retry.MaxAttempts, "max_attempts", -1, 1<<31-1) && cfg.Retry.MaxAttempts == 0 {
+		q.Fail(q.Errorf("max_attempts", "want at least 1, or -1 (unlimited)"))
+	}
 	if err := q.Err(); err != nil {
 		return Config{}, err
 	}

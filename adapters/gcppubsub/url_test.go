@@ -27,9 +27,16 @@ func mustURL(t *testing.T, raw string) *url.URL {
 }
 
 func TestConfigFromURL(t *testing.T) {
-	cfg, err := ConfigFromURL(mustURL(t, "gcppubsub://projects/p1/subscriptions/s1?dead_letter_topic=projects/p2/topics/dl&max_outstanding=7&ack_deadline=30s&max_extension=10m&emulator=localhost:8085"))
+	cfg, err := ConfigFromURL(mustURL(t, "gcppubsub://projects/p1/subscriptions/s1?dead_letter_topic=projects/p2/topics/dl&max_outstanding=7&ack_deadline=30s&max_extension=10m&emulator=localhost:8085&max_attempts=7&handler_timeout=30s"))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if cfg.Retry.MaxAttempts != 7 || cfg.HandlerTimeout != 30*time.Second {
+		t.Fatalf("max_attempts %d handler_timeout %v", cfg.Retry.MaxAttempts, cfg.HandlerTimeout)
+	}
+	// Without dead_letter_topic: broker-managed dead letters.
+	if cfg, err := ConfigFromURL(mustURL(t, "gcppubsub://projects/p/subscriptions/s?max_attempts=-1")); err != nil || cfg.DeadLetterTopic != "" || cfg.Retry.MaxAttempts != -1 {
+		t.Fatalf("%+v, %v", cfg, err)
 	}
 	want := Config{Project: "p1", Subscription: "s1", DeadLetterTopic: "projects/p2/topics/dl", MaxOutstandingMessages: 7, AckDeadline: 30 * time.Second, MaxExtension: 10 * time.Minute, Emulator: "localhost:8085"}
 	if cfg.Project != want.Project || cfg.Subscription != want.Subscription || cfg.DeadLetterTopic != want.DeadLetterTopic ||
@@ -53,7 +60,9 @@ func TestURLErrors(t *testing.T) {
 		sink bool
 		want string // in the error
 	}{
-		{raw: "gcppubsub://projects/p/subscriptions/s", want: "no dead_letter_topic= parameter"},
+		{raw: "gcppubsub://projects/p/subscriptions/s?max_attempts=0", want: `"max_attempts" = "0": want at least 1, or -1`},
+		{raw: "gcppubsub://projects/p/subscriptions/s?max_attempts=-2", want: `"max_attempts" = "-2"`},
+		{raw: "gcppubsub://projects/p/subscriptions/s?handler_timeout=0s", want: `"handler_timeout" = "0s"`},
 		{raw: "gcppubsub://projects/p/topics/t?dead_letter_topic=d", sink: true, want: `"dead_letter_topic" is for a source`},
 		{raw: "gcppubsub://projects/p/topics/t?dead_letter_topic=d", want: "not of the form gcppubsub://projects/<project>/subscriptions/<subscription>"},
 		{raw: "gcppubsub://projects/p/subscriptions/s", sink: true, want: "not of the form gcppubsub://projects/<project>/topics/<topic>"},
