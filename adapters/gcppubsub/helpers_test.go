@@ -27,9 +27,10 @@ type fake struct {
 	dead  map[string][]*ackwise.Message // dead-letter subscription → pulled so far
 }
 
-func newFake(t testing.TB) *fake {
+// newFake starts pstest with opts (reactors: injected errors).
+func newFake(t testing.TB, opts ...pstest.ServerReactorOption) *fake {
 	t.Helper()
-	srv := pstest.NewServer()
+	srv := pstest.NewServer(opts...)
 	t.Cleanup(func() { srv.Close() })
 	admin, err := newClient(context.Background(), testProject, "", srv.Addr, nil)
 	if err != nil {

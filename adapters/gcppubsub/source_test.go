@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -179,7 +180,8 @@ func TestHeldPastMaxExtension(t *testing.T) {
 	f, d := withMessages(t, nil, &ackwise.Message{ID: "ev", Payload: []byte("x")})
 	cfg := d.sourceConfig(f)
 	cfg.MaxExtension = 100 * time.Millisecond
-	cfg.Logger = testLogger(t)
+	rec := &recordLog{}
+	cfg.Logger = slog.New(rec)
 	src := openSource(t, f, cfg)
 	m := receive(t, src)
 	for src.Valid(m) {
@@ -188,20 +190,31 @@ func TestHeldPastMaxExtension(t *testing.T) {
 	if err := src.Ack(context.Background(), m); !errors.Is(err, adapters.ErrReceiptInvalid) {
 		t.Fatalf("Ack past MaxExtension: %v, want ErrReceiptInvalid", err)
 	}
+	if !rec.has("WARN gcppubsub: a delivery was held past max_extension") || !rec.has("max_extension=100ms") {
+		t.Fatalf("logged %q, want a warning naming max_extension", rec.msgs)
+	}
+}
+
+// Attempt is never read from a producer's attributes: a forged
+// ackwise-attempt (or Pub/Sub's own attribute name) leaves it at 1, with
+// and without a dead-letter policy.
+func TestForgedAttemptIgnored(t *testing.T) {
+	t.Parallel()
+	for _, shape := range []func(*pubsubpb.Subscription){nil, dlPolicy(5)} {
+		f, d := withMessages(t, shape)
+		f.srv.Publish("projects/"+testProject+"/topics/"+d.topic, []byte("x"), map[string]string{ackwise.HeaderAttempt: "99", "googclient_deliveryattempt": "42"})
+		src := openSource(t, f, d.sourceConfig(f))
+		if m := receive(t, src); m.Attempt != 1 {
+			t.Fatalf("dead-letter policy %v: Attempt %d from forged attributes", shape != nil, m.Attempt)
+		}
+	}
 }
 
 // On an exactly-once subscription a failed ack result is "may be
 // redelivered" (ErrReceiptInvalid), never done.
 func TestExactlyOnceAckFailure(t *testing.T) {
 	t.Parallel()
-	srv := pstest.NewServer(pstest.WithErrorInjection("Acknowledge", codes.PermissionDenied, "denied"))
-	t.Cleanup(func() { srv.Close() })
-	admin, err := newClient(context.Background(), testProject, "", srv.Addr, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Close() })
-	f := &fake{srv: srv, admin: admin, dead: map[string][]*ackwise.Message{}}
+	f := newFake(t, pstest.WithErrorInjection("Acknowledge", codes.PermissionDenied, "denied"))
 	d := f.create(t, func(ps *pubsubpb.Subscription) { ps.EnableExactlyOnceDelivery = true })
 	publish(t, f, d, &ackwise.Message{ID: "ev", Payload: []byte("x")})
 	cfg := d.sourceConfig(f)
