@@ -23,6 +23,7 @@ import (
 	"github.com/ackwise/ackwise/dlq"
 
 	// Adapters register their URL schemes when imported.
+	_ "github.com/ackwise/ackwise/adapters/gcppubsub"
 	_ "github.com/ackwise/ackwise/adapters/kafka"
 	_ "github.com/ackwise/ackwise/adapters/memory"
 	_ "github.com/ackwise/ackwise/adapters/rabbitmq"

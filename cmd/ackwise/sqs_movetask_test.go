@@ -16,7 +16,6 @@ import (
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/consumer"
-	"github.com/ackwise/ackwise/dlq"
 	"github.com/ackwise/ackwise/retry"
 )
 
@@ -139,27 +138,7 @@ func expectRedriven(t *testing.T, ctx context.Context, work, prefix string) {
 		t.Fatal(err)
 	}
 	defer back.Close()
-	seen := map[string]bool{}
-	buf := make([]*ackwise.Message, 10)
-	for len(seen) < deadLetters {
-		n, err := back.Receive(ctx, buf)
-		if err != nil {
-			t.Fatalf("after %d of the redriven events: %v", len(seen), err)
-		}
-		for _, m := range buf[:n] {
-			var i int
-			if _, err := fmt.Sscanf(m.ID, prefix+"%d", &i); err != nil || seen[m.ID] || string(m.Payload) != fmt.Sprint("payload-", i) || m.Key != "k" || m.Headers.Get("x-tenant") != "acme" {
-				t.Fatalf("redriven %q: payload %q key %q headers %v (seen before: %v)", m.ID, m.Payload, m.Key, m.Headers, seen[m.ID])
-			}
-			if _, err := dlq.Decode(m.Headers); err == nil {
-				t.Fatalf("redriven %s has an envelope", m.ID)
-			}
-			seen[m.ID] = true
-			if err := back.Ack(ctx, m); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	receiveRedriven(t, ctx, back, prefix, deadLetters, func(*ackwise.Message) bool { return true })
 	if n := sqsDepth(t, ctx, work); n != 0 {
 		t.Fatalf("the work queue holds %d more messages than the %d redriven", n, deadLetters)
 	}
