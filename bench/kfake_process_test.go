@@ -27,6 +27,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(kfakeChildEnv) != "" {
 		os.Exit(serveKfake())
 	}
+	if os.Getenv(pstestChildEnv) != "" {
+		os.Exit(servePstest())
+	}
 	code := m.Run()
 	sqsStop() // the SQS emulator, if a benchmark started it
 	os.Exit(code)
@@ -52,8 +55,17 @@ func serveKfake() int {
 // ends, and returns its address.
 func kfakeProcess(b *testing.B) []string {
 	b.Helper()
+	return []string{childProcess(b, kfakeChildEnv, &kfakePID)}
+}
+
+// childProcess starts this binary again with env set, which serves a
+// broker until SIGTERM and prints "READY <addr>" once it listens; it keeps
+// the child's process ID in pid while it runs, stops it when b ends, and
+// returns the address.
+func childProcess(b *testing.B, env string, pid *atomic.Int64) string {
+	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$", "-test.bench=^$")
-	cmd.Env = append(os.Environ(), kfakeChildEnv+"=1")
+	cmd.Env = append(os.Environ(), env+"=1")
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -62,9 +74,9 @@ func kfakeProcess(b *testing.B) []string {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	kfakePID.Store(int64(cmd.Process.Pid))
+	pid.Store(int64(cmd.Process.Pid))
 	b.Cleanup(func() {
-		kfakePID.Store(0)
+		pid.Store(0)
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		_ = cmd.Wait()
 	})
@@ -84,11 +96,11 @@ func kfakeProcess(b *testing.B) []string {
 	select {
 	case addr, ok := <-ready:
 		if !ok {
-			b.Fatal("kfake process exited before it listened")
+			b.Fatalf("%s process exited before it listened", env)
 		}
-		return []string{addr}
+		return addr
 	case <-time.After(30 * time.Second):
-		b.Fatal("kfake process not listening after 30s")
+		b.Fatalf("%s process not listening after 30s", env)
 	}
-	return nil
+	return ""
 }

@@ -19,6 +19,8 @@ import (
 const (
 	DefaultMaxOutstandingMessages = 100
 	DefaultMaxExtension           = 60 * time.Minute
+	// MaxStreams bounds Config.Streams.
+	MaxStreams = 64
 )
 
 // Config configures a Source on one subscription.
@@ -63,6 +65,12 @@ type Config struct {
 	// dead-lettered). Zero means DefaultMaxOutstandingMessages. The
 	// engine's own bound (consumer MaxInFlight) applies on top of it.
 	MaxOutstandingMessages int
+	// Streams is the number of streaming-pull streams the client opens
+	// (ReceiveSettings.NumGoroutines); each carries a bounded throughput
+	// (Pub/Sub: about 10 MB/s), so a busy subscription needs several. The
+	// flow control (MaxOutstandingMessages) is shared by all of them. Zero
+	// means 1; at most MaxStreams.
+	Streams int
 	// MaxExtension is the longest the client keeps extending a delivery's
 	// ack deadline; past it Pub/Sub may deliver the message again. Keep it
 	// above the consumer's handler timeout (plus its retries in place):
@@ -147,6 +155,8 @@ func (c *Config) validate() error {
 		return fmt.Errorf("gcppubsub: Config.AckDeadline %v is not in [10s, 600s]", c.AckDeadline)
 	case c.MaxExtension < 0:
 		return fmt.Errorf("gcppubsub: Config.MaxExtension %v is negative", c.MaxExtension)
+	case c.Streams < 0 || c.Streams > MaxStreams:
+		return fmt.Errorf("gcppubsub: Config.Streams %d is not in [0, %d]", c.Streams, MaxStreams)
 	case c.HandlerTimeout < 0:
 		return fmt.Errorf("gcppubsub: Config.HandlerTimeout %v is negative", c.HandlerTimeout)
 	case c.MaxExtension != 0 && c.MaxExtension < c.HandlerTimeout:
@@ -162,6 +172,9 @@ func (c *Config) validate() error {
 	}
 	if c.MaxOutstandingMessages == 0 {
 		c.MaxOutstandingMessages = DefaultMaxOutstandingMessages
+	}
+	if c.Streams == 0 {
+		c.Streams = 1
 	}
 	if c.MaxExtension == 0 {
 		c.MaxExtension = max(DefaultMaxExtension, c.holdInPlace())

@@ -40,8 +40,9 @@ func runConsumer(t *testing.T, src *Source, h ackwise.Handler, cfg consumer.Conf
 	})
 }
 
-// On an ordered subscription, under 8 workers, the messages of each key
-// are handled one at a time in publish order, the keys side by side.
+// On an ordered subscription, under 8 workers and over 3 streams, the
+// messages of each key are handled one at a time in publish order, the
+// keys side by side.
 func TestEngineOrderedKeys(t *testing.T) {
 	t.Parallel()
 	const keys, perKey = 4, 5
@@ -52,7 +53,9 @@ func TestEngineOrderedKeys(t *testing.T) {
 		}
 	}
 	f, d := withMessages(t, func(ps *pubsubpb.Subscription) { ps.EnableMessageOrdering = true }, in...)
-	src := openSource(t, f, d.sourceConfig(f))
+	cfg := d.sourceConfig(f)
+	cfg.Streams = 3
+	src := openSource(t, f, cfg)
 	var (
 		mu      sync.Mutex
 		running = map[string]int{}

@@ -143,7 +143,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	s.sub.ReceiveSettings.MaxOutstandingMessages = cfg.MaxOutstandingMessages
 	s.sub.ReceiveSettings.MaxExtension = cfg.MaxExtension
 	s.sub.ReceiveSettings.MaxDurationPerAckExtension = cfg.AckDeadline
-	s.sub.ReceiveSettings.NumGoroutines = 1
+	s.sub.ReceiveSettings.NumGoroutines = cfg.Streams
 	// On Close the client stops its stream, then nacks every delivery it
 	// holds unsettled (those the engine holds, and those not yet handed
 	// to Receive) in one call of its own: the nacks cannot be delivered

@@ -52,6 +52,7 @@ var params = func() *urlparam.Table {
 		urlparam.Param{Name: "max_attempts", Side: src, Type: "int ≥ 1, or -1", Doc: "the consumer's max attempts (retry.Policy.MaxAttempts), checked against the subscription's dead-letter policy (default 5, retry's; -1: unlimited)"},
 		urlparam.Param{Name: "handler_timeout", Side: src, Type: "duration", Doc: "the consumer's handler timeout: max_extension must not be below it, and defaults to cover every attempt in place (default: none)"},
 		urlparam.Param{Name: "max_outstanding", Side: src, Type: "int ≥ 1", Doc: "flow control: most messages received and not yet settled (default 100)"},
+		urlparam.Param{Name: "streams", Side: src, Type: "int in [1, 64]", Doc: "streaming-pull streams the client opens, each of bounded throughput (default 1)"},
 		urlparam.Param{Name: "ack_deadline", Side: src, Type: "duration in [10s, 600s]", Doc: "ack deadline the client asks per extension: how soon a delivery lost by a stopped consumer comes back (default: the client's, 60s at first)"},
 		urlparam.Param{Name: "max_extension", Side: src, Type: "duration", Doc: "longest the client extends a delivery's ack deadline (default 60m, or longer to cover handler_timeout's attempts); not below handler_timeout"},
 	)
@@ -85,6 +86,7 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 		}
 	}
 	urlparam.Int(q, &cfg.MaxOutstandingMessages, "max_outstanding", 1, 1<<31-1)
+	urlparam.Int(q, &cfg.Streams, "streams", 1, MaxStreams)
 	if q.Duration(&cfg.AckDeadline, "ack_deadline", 10*time.Second, 600*time.Second) && cfg.AckDeadline%time.Second != 0 {
 		q.Fail(q.Errorf("ack_deadline", "is not a whole number of seconds"))
 	}

@@ -27,11 +27,11 @@ func mustURL(t *testing.T, raw string) *url.URL {
 }
 
 func TestConfigFromURL(t *testing.T) {
-	cfg, err := ConfigFromURL(mustURL(t, "gcppubsub://projects/p1/subscriptions/s1?dead_letter_topic=projects/p2/topics/dl&max_outstanding=7&ack_deadline=30s&max_extension=10m&emulator=localhost:8085&max_attempts=7&handler_timeout=30s"))
+	cfg, err := ConfigFromURL(mustURL(t, "gcppubsub://projects/p1/subscriptions/s1?dead_letter_topic=projects/p2/topics/dl&max_outstanding=7&ack_deadline=30s&max_extension=10m&emulator=localhost:8085&max_attempts=7&handler_timeout=30s&streams=4"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Retry.MaxAttempts != 7 || cfg.HandlerTimeout != 30*time.Second {
+	if cfg.Retry.MaxAttempts != 7 || cfg.HandlerTimeout != 30*time.Second || cfg.Streams != 4 {
 		t.Fatalf("max_attempts %d handler_timeout %v", cfg.Retry.MaxAttempts, cfg.HandlerTimeout)
 	}
 	// Without dead_letter_topic: broker-managed dead letters.
@@ -60,6 +60,7 @@ func TestURLErrors(t *testing.T) {
 		sink bool
 		want string // in the error
 	}{
+		{raw: "gcppubsub://projects/p/subscriptions/s?streams=65", want: `"streams" = "65": want an integer in [1, 64]`},
 		{raw: "gcppubsub://projects/p/subscriptions/s?max_attempts=0", want: `"max_attempts" = "0": want at least 1, or -1`},
 		{raw: "gcppubsub://projects/p/subscriptions/s?max_attempts=-2", want: `"max_attempts" = "-2"`},
 		{raw: "gcppubsub://projects/p/subscriptions/s?handler_timeout=0s", want: `"handler_timeout" = "0s"`},
