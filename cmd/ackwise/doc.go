@@ -9,19 +9,22 @@
 //	ackwise dlq redrive <awssqs-dlq-url> <awssqs-target-url> -native [-rate 10]
 //
 // URLs are opened with adapters.OpenSource and adapters.OpenSink; the
-// command registers the mem, kafka, amqp/amqps/rabbit and awssqs schemes
+// command registers the mem, kafka, amqp/amqps/rabbit, awssqs and gcppubsub schemes
 // (see each adapter's package documentation for its URL parameters). A
 // "mem://" URL opens the in-process broker of this one command run, so it
 // is useful only in tests. A RabbitMQ dead-letter queue is read with
 // ?plain=true (a plain source consumes the queue as it is, with no topology
 // around it); RabbitMQ URLs work as redrive targets too. An SQS dead-letter
 // queue is read with its own awssqs:// URL and a long-poll wait below -idle
-// (&wait=1s), the work queue's URL being the redrive target.
+// (&wait=1s), the work queue's URL being the redrive target. A Pub/Sub
+// dead-letter topic is read through its subscription's gcppubsub:// URL
+// (without dead_letter_topic=), a topic's URL being the redrive target.
 //
 // stats prints the dead-letter destination's depth by the broker's own
 // count (dlq.Backlogger: RabbitMQ's queue message count, Kafka's end
 // offsets less the group's commits, SQS's messages available, in flight
-// and delayed), then counts by reason, error class and source, distinct
+// and delayed; Pub/Sub has no count in its data plane, and the depth is
+// printed as unknown, never 0), then counts by reason, error class and source, distinct
 // event IDs and their copies, and the oldest dead letter's age over a
 // sample of up to -n messages whose size it states; a sample the broker
 // cut short (RabbitMQ's prefetch) says so. A queue or topic that does not

@@ -169,7 +169,7 @@ func TestPubSubStatsAndRedrive(t *testing.T) {
 	receiveRedriven(t, ctx, back, "e", n, func(m *ackwise.Message) bool { return m.Headers.Get(dlq.HeaderRedriveCount) == "1" })
 }
 
-// receiveRedriven receives from src the n events e0 … e<n-1> that a
+// receiveRedriven receives from src the n events <prefix>0 … <prefix><n-1> that a
 // redrive moved back, and acks each: every one once, its payload
 // payload-<i> whole, on key k, with its x-tenant header, without envelope,
 // and passing check.
