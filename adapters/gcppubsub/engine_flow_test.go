@@ -1,7 +1,9 @@
 package gcppubsub
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -15,6 +17,7 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/retry"
 )
 
 // outcomes is a consumer.Observer that passes each outcome on.
@@ -198,5 +201,38 @@ func TestEngineHandlerOutlivesAckDeadline(t *testing.T) {
 	}
 	if extended == 0 {
 		t.Fatalf("no ack-deadline extension among %+v", pm.Modacks)
+	}
+}
+
+// Broker-managed dead letters under the engine: a handler failing
+// permanently sees Attempt 1, 2, 3 from Pub/Sub's DeliveryAttempt (the
+// engine hands each delivery back, DeadLetter being the policy's), and the
+// subscription's dead-letter policy forwards the message after its 3
+// deliveries, data byte for byte.
+func TestEngineBrokerManagedDeadLetters(t *testing.T) {
+	t.Parallel()
+	payload := []byte{0xfe, 'x', 0x00}
+	f, d := withMessages(t, dlPolicy(3), &ackwise.Message{ID: "ev", Payload: payload})
+	cfg := d.sourceConfig(f)
+	cfg.DeadLetterTopic = ""
+	cfg.Retry.MaxAttempts = 3
+	src := openSource(t, f, cfg)
+	attempts := make(chan int, 10)
+	runConsumer(t, src, ackwise.HandlerFunc(func(_ context.Context, m *ackwise.Message) error {
+		attempts <- m.Attempt
+		return ackwise.Permanent(errors.New("cannot decode"))
+	}), consumer.Config{Retry: retry.Policy{MaxAttempts: 3}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dl := f.awaitDeadLetters(ctx, t, d, 1)
+	if len(dl) != 1 || !bytes.Equal(dl[0].Payload, payload) || dl[0].ID != "ev" {
+		t.Fatalf("dead letters %+v", dl)
+	}
+	var seen []int
+	for len(attempts) > 0 {
+		seen = append(seen, <-attempts)
+	}
+	if !slices.Equal(seen, []int{1, 2, 3}) {
+		t.Fatalf("attempts %v, want [1 2 3]", seen)
 	}
 }
