@@ -86,7 +86,8 @@ type Config struct {
 	// own choice: 60s at first, then the 99th percentile of its ack times.
 	AckDeadline time.Duration
 	// Logger receives warnings (a delivery held past MaxExtension, a
-	// failed exactly-once ack); nil: slog.Default(). It is not given to the
+	// failed exactly-once ack, a retry policy or MaxExtension that does
+	// not fit Retry, no dead-letter destination); nil: slog.Default(). It is not given to the
 	// Google client, whose debug logs hold message data.
 	Logger *slog.Logger
 	// ClientOptions are extra Google client options, applied after the

@@ -68,10 +68,10 @@
 //     (handler_timeout=) a MaxExtension below it is refused, a zero one
 //     covers every attempt in place (MaxAttempts × HandlerTimeout plus the
 //     longest retry delays), and one set below that is a warning. A
-//     delivery held past MaxExtension is no longer Valid (the engine
-//     releases it unrun), and its settle logs a warning naming
-//     max_extension and fails with ErrReceiptInvalid, for Pub/Sub may
-//     have delivered it again. Capabilities.Lease is 0 and ExtendLease does
+//     delivery held past MaxExtension is a warning naming max_extension
+//     as it happens (the source looks every quarter of MaxExtension), is
+//     no longer Valid (the engine releases it unrun), and its settle fails
+//     with ErrReceiptInvalid, for Pub/Sub may have delivered it again. Capabilities.Lease is 0 and ExtendLease does
 //     nothing.
 //   - Attempt: with a dead-letter policy on the subscription, Pub/Sub's
 //     DeliveryAttempt (Capabilities.DeliveryCount true; it survives

@@ -88,9 +88,10 @@ type Source struct {
 
 // handle is a delivery's receipt (Message.Handle).
 type handle struct {
-	src *Source
-	m   *pubsub.Message
-	at  time.Time // received
+	src    *Source
+	m      *pubsub.Message
+	at     time.Time // received
+	warned bool      // watchHeld warned of it (under src.mu while in src.out)
 }
 
 var _ adapters.Source = (*Source)(nil)
@@ -153,7 +154,42 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	s.cancel = cancel
 	go s.run(rctx)
+	go s.watchHeld(rctx)
 	return s, nil
+}
+
+// watchHeld warns, once each, of the deliveries held unsettled past
+// MaxExtension, as it happens: their handler (or retry in place) still
+// runs, while the client stopped extending their ack deadline and Pub/Sub
+// may deliver them again. It looks every quarter of MaxExtension (15m by
+// default), until ctx ends.
+func (s *Source) watchHeld(ctx context.Context) {
+	t := time.NewTicker(max(s.cfg.MaxExtension/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var late []*handle
+		s.mu.Lock()
+		for h := range s.out {
+			if !h.warned && s.expired(h) {
+				h.warned = true
+				late = append(late, h)
+			}
+		}
+		s.mu.Unlock()
+		for _, h := range late {
+			s.warnHeld(h)
+		}
+	}
+}
+
+// warnHeld warns that h was held past MaxExtension.
+func (s *Source) warnHeld(h *handle) {
+	s.log.Warn("gcppubsub: a delivery was held past max_extension: the client stopped extending its ack deadline, so Pub/Sub may deliver it again while its handler runs, and its settle fails; raise max_extension (or handler_timeout=) above the handler's time and its retries in place", "message_id", h.m.ID, "held", time.Since(h.at).Round(time.Millisecond), "max_extension", s.cfg.MaxExtension)
 }
 
 // capabilities says what the subscription ps lets the source do.
@@ -361,8 +397,8 @@ func (s *Source) Ack(ctx context.Context, msg *ackwise.Message) error {
 
 func (s *Source) ack(ctx context.Context, h *handle) error {
 	late := s.expired(h)
-	if late {
-		s.log.Warn("gcppubsub: a delivery was held past max_extension: the client stopped extending its ack deadline, so Pub/Sub may have delivered it again; raise max_extension above the handler timeout", "message_id", h.m.ID, "held", time.Since(h.at).Round(time.Millisecond), "max_extension", s.cfg.MaxExtension)
+	if late && !h.warned {
+		s.warnHeld(h)
 	}
 	if !s.eos {
 		h.m.Ack()
