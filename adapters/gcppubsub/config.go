@@ -87,8 +87,9 @@ type Config struct {
 	AckDeadline time.Duration
 	// Logger receives warnings (a delivery held past MaxExtension, a
 	// failed exactly-once ack, a retry policy or MaxExtension that does
-	// not fit Retry, no dead-letter destination); nil: slog.Default(). It is not given to the
-	// Google client, whose debug logs hold message data.
+	// not fit Retry, no dead-letter destination); nil discards them, as
+	// the other adapters do. It is not given to the Google client, whose
+	// debug logs hold message data.
 	Logger *slog.Logger
 	// ClientOptions are extra Google client options, applied after the
 	// adapter's own (credentials, a quota project, gRPC dial options).
@@ -108,7 +109,7 @@ type SinkConfig struct {
 	// value means pubsub.DefaultPublishSettings.
 	Publish *pubsub.PublishSettings
 	// Logger receives a warning when ordering keys were resumed after a
-	// failure; nil: slog.Default(). It is not given to the Google client.
+	// failure; nil discards it. It is not given to the Google client.
 	Logger *slog.Logger
 	// ClientOptions are as in Config.
 	ClientOptions []option.ClientOption

@@ -48,7 +48,7 @@ func NewSink(ctx context.Context, cfg SinkConfig) (*Sink, error) {
 	pub.EnableMessageOrdering = true
 	log := cfg.Logger
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	return &Sink{client: client, pub: pub, log: log.With("topic", pub.String())}, nil
 }

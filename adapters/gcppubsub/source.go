@@ -106,7 +106,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	log := cfg.Logger
 	if log == nil {
-		log = slog.Default()
+		log = slog.New(slog.DiscardHandler)
 	}
 	client, err := newClient(ctx, cfg.Project, cfg.Endpoint, cfg.Emulator, cfg.ClientOptions)
 	if err != nil {
