@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"cloud.google.com/go/pubsub/v2/apiv1/pubsubpb"
+
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/adaptertest"
@@ -19,9 +21,23 @@ import (
 // TestOrdered checks an ordered subscription.
 func TestConformance(t *testing.T) {
 	t.Parallel()
+	conformance(t, nil)
+}
+
+// TestConformanceDeadLetterPolicy runs the suite on subscriptions with a
+// dead-letter policy of 5 deliveries as a backstop to ackwise-managed dead
+// letters: Attempt is then Pub/Sub's DeliveryAttempt
+// (Capabilities.DeliveryCount).
+func TestConformanceDeadLetterPolicy(t *testing.T) {
+	t.Parallel()
+	conformance(t, dlPolicy(5))
+}
+
+// conformance runs the suite on subscriptions shaped by shape.
+func conformance(t *testing.T, shape func(*pubsubpb.Subscription)) {
 	f := newFake(t)
 	adaptertest.Run(t, adaptertest.Harness{Open: func(t testing.TB, fc adaptertest.FixtureConfig) adaptertest.Fixture {
-		d := f.create(t, nil)
+		d := f.create(t, shape)
 		// On failure, say what pstest holds unacked.
 		t.Cleanup(func() {
 			if !t.Failed() {
