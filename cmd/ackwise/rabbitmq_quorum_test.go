@@ -53,11 +53,11 @@ func TestRabbitMQQuorumRedriveStartsAtAttemptOne(t *testing.T) {
 
 	// Two inspections release the dead letter twice.
 	for range 2 {
-		if code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL, "-idle", "300ms"); code != exitOK || len(lines(out)) != 1 {
+		if code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL, "--idle", "300ms"); code != exitOK || len(lines(out)) != 1 {
 			t.Fatalf("inspect: exit %d\n%s\n%s", code, out, errOut)
 		}
 	}
-	if code, out, errOut := ackwiseRun(t, "dlq", "redrive", deadURL, workURL, "-rate", "-1", "-idle", "300ms"); code != exitOK || !strings.HasPrefix(out, "moved 1 ") {
+	if code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", deadURL, workURL, "--rate", "-1", "--idle", "300ms"); code != exitOK || !strings.HasPrefix(out, "moved 1 ") {
 		t.Fatalf("redrive: exit %d\n%s\n%s", code, out, errOut)
 	}
 

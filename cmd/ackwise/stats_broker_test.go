@@ -49,7 +49,7 @@ func TestRabbitMQStatsDepth(t *testing.T) {
 	publishDeadLetters(t, ctx, rabbitURL()+"/"+queue+".dlq", queue, deadLetters)
 	deadURL := rabbitURL() + "/" + queue + ".dlq?plain=true"
 
-	code, out, errOut := ackwiseRun(t, "dlq", "stats", deadURL, "-idle", "2s")
+	code, out, errOut := ackwiseRun(t, "dlq", "stats", deadURL, "--idle", "2s")
 	if code != exitOK || !strings.HasPrefix(out, "depth: 300 (the broker's count)\n") ||
 		!strings.Contains(out, "sample: 128 messages (dead letters: 128, without envelope: 0); cut short: 128 of 300,") ||
 		!strings.Contains(out, "event IDs: 128 distinct (copies: 0;") {
@@ -73,12 +73,12 @@ func TestRabbitMQStatsDepth(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	// A larger prefetch lets the sample take every message.
-	code, out, errOut = ackwiseRun(t, "dlq", "stats", deadURL+"&prefetch=1000", "-n", "300", "-idle", "20s", "-json")
+	code, out, errOut = ackwiseRun(t, "dlq", "stats", deadURL+"&prefetch=1000", "-n", "300", "--idle", "20s", "--json")
 	if code != exitOK || !strings.Contains(out, `"depth":300,"messages":300,"sample_cut_short":false,`) {
 		t.Fatalf("stats -json, prefetch 1000: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
 
-	code, out, errOut = ackwiseRun(t, "dlq", "stats", rabbitURL()+"/"+queue+".missing?plain=true", "-idle", "500ms")
+	code, out, errOut = ackwiseRun(t, "dlq", "stats", rabbitURL()+"/"+queue+".missing?plain=true", "--idle", "500ms")
 	if code != exitFailed || out != "" || !strings.Contains(errOut, "not exist") {
 		t.Fatalf("stats of a missing queue: exit %d, want %d\nstdout %s\nstderr %s", code, exitFailed, out, errOut)
 	}
@@ -98,14 +98,14 @@ func TestKafkaStatsDepth(t *testing.T) {
 
 	// -n 300: the sample ends as it has them all; the idle timeout covers
 	// the group's join, slow on a busy machine.
-	code, out, errOut := ackwiseRun(t, "dlq", "stats", "kafka://"+addr+"/"+topic+"?group=ops", "-n", "300", "-idle", "20s")
+	code, out, errOut := ackwiseRun(t, "dlq", "stats", "kafka://"+addr+"/"+topic+"?group=ops", "-n", "300", "--idle", "20s")
 	if code != exitOK || !strings.HasPrefix(out, "depth: 300 (the broker's count)\n") ||
 		!strings.Contains(out, "sample: 300 messages (dead letters: 300, without envelope: 0)\n") ||
 		!strings.Contains(out, "event IDs: 300 distinct (copies: 0;") {
 		t.Fatalf("stats: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
 
-	code, out, errOut = ackwiseRun(t, "dlq", "stats", "kafka://"+addr+"/no-such-topic?group=ops", "-idle", kafkaIdle)
+	code, out, errOut = ackwiseRun(t, "dlq", "stats", "kafka://"+addr+"/no-such-topic?group=ops", "--idle", kafkaIdle)
 	if code != exitFailed || out != "" || !strings.Contains(errOut, "not exist") {
 		t.Fatalf("stats of a missing topic: exit %d, want %d\nstdout %s\nstderr %s", code, exitFailed, out, errOut)
 	}
