@@ -163,19 +163,6 @@ func redrive(c *cobra.Command, e env, a redriveArgs, from, to string) (err error
 		return usageErr(c, "redrive moves messages: give --yes to confirm (stdin is not a terminal, so it cannot ask), or --dry-run to look first")
 	}
 	to = targetURL(e.stderr, to)
-	opts.OnMessage = func(msg *ackwise.Message, env dlq.Envelope, act dlq.Action) {
-		// Dead letters left where they were are always reported.
-		switch {
-		case a.dry, a.verbose, act == dlq.ActionFailed, act == dlq.ActionRedriveLimit, act == dlq.ActionAlreadyMoved,
-			act == dlq.ActionPayloadCut, act == dlq.ActionTooOld:
-			l := dlq.Letter{Message: msg, Envelope: env}
-			if act == dlq.ActionNoEnvelope {
-				l.Err = errors.New("no envelope")
-			}
-			fmt.Fprintf(e.stdout, "%s %s\n", act, letterLine(l))
-		}
-	}
-
 	src, err := openSource(ctx, from)
 	if err != nil {
 		return err
@@ -207,9 +194,19 @@ func redrive(c *cobra.Command, e env, a redriveArgs, from, to string) (err error
 	}
 	p := newProgress(e, a)
 	opts.OnStart = p.start
-	onMessage := opts.OnMessage
 	opts.OnMessage = func(msg *ackwise.Message, env dlq.Envelope, act dlq.Action) {
-		p.note(act, func() { onMessage(msg, env, act) })
+		line := ""
+		switch {
+		// Dead letters left where they were are always reported.
+		case a.dry, a.verbose, act == dlq.ActionFailed, act == dlq.ActionRedriveLimit, act == dlq.ActionAlreadyMoved,
+			act == dlq.ActionPayloadCut, act == dlq.ActionTooOld:
+			l := dlq.Letter{Message: msg, Envelope: env}
+			if act == dlq.ActionNoEnvelope {
+				l.Err = errors.New("no envelope")
+			}
+			line = fmt.Sprintf("%s %s", act, letterLine(l))
+		}
+		p.note(act, line)
 	}
 	res, rerr := dlq.Redrive(ctx, src, target, opts)
 	p.stop()
@@ -332,7 +329,9 @@ func (p *progress) start(backlog int) {
 			progressbar.OptionSetItsString("msg"),
 			progressbar.OptionSetPredictTime(true),
 			progressbar.OptionThrottle(100*time.Millisecond),
-			progressbar.OptionClearOnFinish(),
+			// The bar stays, with the run's count and rate, on a line of
+			// its own.
+			progressbar.OptionOnCompletion(func() { fmt.Fprintln(p.e.stderr) }),
 		)
 		return
 	}
@@ -352,19 +351,23 @@ func (p *progress) start(backlog int) {
 	}()
 }
 
-// note counts one decision; print prints its line, if any, with the bar
-// out of the way.
-func (p *progress) note(act dlq.Action, print func()) {
+// note counts one decision and prints its line, if any, on stdout (with
+// the bar out of the way).
+func (p *progress) note(act dlq.Action, line string) {
 	p.seen.Add(1)
 	if act == dlq.ActionMoved || act == dlq.ActionWouldMove {
 		p.moved.Add(1)
 	}
 	if p.bar == nil {
-		print()
+		if line != "" {
+			fmt.Fprintln(p.e.stdout, line)
+		}
 		return
 	}
-	_ = p.bar.Clear()
-	print()
+	if line != "" {
+		_ = p.bar.Clear()
+		fmt.Fprintln(p.e.stdout, line)
+	}
 	verb := "moved"
 	if p.dryRun {
 		verb = "would move"
@@ -403,8 +406,14 @@ func (p *progress) line() string {
 func (p *progress) stop() {
 	close(p.done)
 	p.wg.Wait()
-	if p.bar != nil {
+	switch {
+	case p.bar == nil:
+	case p.seen.Load() == p.total.Load():
 		_ = p.bar.Finish()
+	default:
+		// Stopped before the end (--sample, --max, an error): not filled
+		// up; the summary says what was done.
+		_ = p.bar.Exit()
 	}
 }
 
