@@ -150,25 +150,34 @@ func TestRabbitMQRedriveKilledMidway(t *testing.T) {
 		id, _ := d.Headers[ackwise.HeaderEventID].(string)
 		seen[id]++
 	}
+	// One publish at a time, each acked as soon as it is confirmed: only
+	// the last few before the kill can have lost their ack.
+	requireEveryEvent(t, seen, killedAt)
+}
+
+// requireEveryEvent fails t unless seen, the count of each event ID in the
+// target after a run interrupted at moved moves and a second run, holds
+// every one of the deadLetters events and no other, and at most a few
+// twice: the moves whose ack (or commit) had not reached the broker.
+func requireEveryEvent(t *testing.T, seen map[string]int, moved int) {
+	t.Helper()
 	dups := 0
 	for i := range deadLetters {
 		id := fmt.Sprint("e", i)
 		switch n := seen[id]; {
 		case n == 0:
-			t.Errorf("%s lost: in neither queue", id)
+			t.Errorf("%s lost: in neither destination", id)
 		case n > 1:
 			dups += n - 1
 		}
 	}
 	if len(seen) != deadLetters {
-		t.Errorf("the work queue holds %d distinct events, want %d", len(seen), deadLetters)
+		t.Errorf("the target holds %d distinct events, want %d", len(seen), deadLetters)
 	}
-	// One publish at a time, each acked as soon as it is confirmed: only
-	// the last few before the kill can have lost their ack.
 	if dups > 3 {
-		t.Errorf("%d duplicates after a kill at %d moves; want at most a few (acks in flight)", dups, killedAt)
+		t.Errorf("%d duplicates after an interruption at %d moves; want at most a few (acks in flight)", dups, moved)
 	}
-	t.Logf("killed after %d moves; %d duplicate(s)", killedAt, dups)
+	t.Logf("interrupted after %d moves; %d duplicate(s)", moved, dups)
 }
 
 // cancelAt is a stderr that cancels a run once a progress line says it
@@ -256,19 +265,7 @@ func TestKafkaRedriveCancelledMidway(t *testing.T) {
 			}
 		}
 	}
-	dups := 0
-	for i := range deadLetters {
-		switch n := seen[fmt.Sprint("e", i)]; {
-		case n == 0:
-			t.Errorf("e%d lost", i)
-		case n > 1:
-			dups += n - 1
-		}
-	}
 	// The source commits its settled prefix as it closes: only moves not
 	// yet marked settled when the run was cancelled can come again.
-	if dups > 3 {
-		t.Errorf("%d duplicates after a cancel at %d moves; want at most a few", dups, stderr.movedAt)
-	}
-	t.Logf("cancelled after %d moves; %d duplicate(s)", stderr.movedAt, dups)
+	requireEveryEvent(t, seen, stderr.movedAt)
 }
