@@ -377,3 +377,24 @@ func TestLagOf(t *testing.T) {
 		t.Fatalf("empty queue: %+v", r)
 	}
 }
+
+// TestShowSelects: show finds a dead letter by event ID, broker message ID,
+// or on a log by offset, alone or with its partition.
+func TestShowSelects(t *testing.T) {
+	t.Parallel()
+	onLog := &ackwise.Message{ID: "e1", BrokerID: "orders.dlq/2@17", Partition: 2, Offset: 17}
+	onQueue := &ackwise.Message{ID: "e2", BrokerID: "m-9", Partition: -1, Offset: -1}
+	for _, c := range []struct {
+		m    *ackwise.Message
+		sel  string
+		want bool
+	}{
+		{onLog, "e1", true}, {onLog, "orders.dlq/2@17", true}, {onLog, "17", true}, {onLog, "2:17", true},
+		{onLog, "1:17", false}, {onLog, "18", false}, {onLog, "x:17", false}, {onLog, "e2", false},
+		{onQueue, "e2", true}, {onQueue, "m-9", true}, {onQueue, "-1", false}, {onQueue, "0", false},
+	} {
+		if got := selects(c.m, c.sel); got != c.want {
+			t.Errorf("selects(%s, %q) = %v, want %v", c.m.BrokerID, c.sel, got, c.want)
+		}
+	}
+}

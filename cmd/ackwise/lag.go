@@ -102,6 +102,20 @@ type partitionLag struct {
 
 // measureLag samples rawURL's backlog at the start and the end of window.
 func measureLag(ctx context.Context, rawURL string, window time.Duration) (lagReport, error) {
+	return lagAcross(ctx, rawURL, func(ctx context.Context) error {
+		t := time.NewTimer(window)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+	})
+}
+
+// lagAcross samples rawURL's backlog before and after wait.
+func lagAcross(ctx context.Context, rawURL string, wait func(context.Context) error) (lagReport, error) {
 	probe, closeProbe, err := lagProbe(ctx, rawURL)
 	if err != nil {
 		return lagReport{}, err
@@ -111,12 +125,8 @@ func measureLag(ctx context.Context, rawURL string, window time.Duration) (lagRe
 	if err != nil {
 		return lagReport{}, err
 	}
-	t := time.NewTimer(window)
-	select {
-	case <-ctx.Done():
-		t.Stop()
-		return lagReport{}, ctx.Err()
-	case <-t.C:
+	if err := wait(ctx); err != nil {
+		return lagReport{}, err
 	}
 	last, err := probe(ctx)
 	if err != nil {
