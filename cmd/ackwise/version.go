@@ -19,7 +19,8 @@ func versionCmd(e env) *cobra.Command {
 	}
 }
 
-// versionText is "ackwise <module version> (<Go version>[, <revision>])"
+// versionText is "ackwise <module version>, built with <Go version>[,
+// revision <commit>[, modified]]"
 // from the build information: the module version is the tag go install
 // built (v1.2.3), "(devel)" for a build from a work tree.
 func versionText() string {
@@ -27,7 +28,7 @@ func versionText() string {
 	if !ok {
 		return "ackwise (unknown version: built without module information)"
 	}
-	s := fmt.Sprintf("ackwise %s (%s", bi.Main.Version, bi.GoVersion)
+	s := fmt.Sprintf("ackwise %s, built with %s", bi.Main.Version, bi.GoVersion)
 	var rev, modified string
 	for _, kv := range bi.Settings {
 		switch kv.Key {
@@ -42,5 +43,5 @@ func versionText() string {
 	if rev != "" {
 		s += ", revision " + rev + modified
 	}
-	return s + ")"
+	return s
 }
