@@ -55,6 +55,13 @@ type Capabilities struct {
 	// Ordered means the broker delivers messages of one key in publish order
 	// (a log partition, an SQS FIFO group, a Pub/Sub ordering key).
 	Ordered bool
+	// BrokerDeadLetters means DeadLetter writes no dead letter: it hands
+	// the message back, and the broker's own policy moves it to its
+	// dead-letter destination once its delivery count reaches the limit
+	// (an SQS RedrivePolicy's maxReceiveCount), as the broker holds it,
+	// without the dlq envelope. A message that failed permanently before
+	// that limit is delivered, and handled, again until then.
+	BrokerDeadLetters bool
 }
 
 // Source delivers messages from one queue, subscription or consumer group.

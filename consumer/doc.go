@@ -45,5 +45,6 @@
 // lifecycle (start together; SIGINT, SIGTERM or the context drains them
 // all, within a deadline; the first to stop on its own stops the others)
 // and liveness and readiness probes as an http.Handler (/healthz,
-// /readyz).
+// /readyz), which serves the application's metrics exporter at /metrics
+// when RunnerConfig.Metrics is set.
 package consumer

@@ -38,6 +38,14 @@ type RunnerConfig struct {
 	// Logger receives a line when a consumer stops on its own and when the
 	// drain deadline passes. Default: discard.
 	Logger *slog.Logger
+	// Metrics, when set, is what Handler serves at /metrics: typically
+	// promhttp.HandlerFor over the registry of the OpenTelemetry Prometheus
+	// exporter (go.opentelemetry.io/otel/exporters/prometheus) that the
+	// consumers' Observer (NewMetrics) records to, so that one port serves
+	// the probes and the scrape. It is served as it is, whatever the
+	// Runner's phase. Nil means /metrics is 404: ackwise depends on no
+	// exporter of its own.
+	Metrics http.Handler
 }
 
 // Runner runs several consumers with one lifecycle, as a service with more
@@ -234,28 +242,35 @@ func (r *Runner) readyLocked() bool {
 	return true
 }
 
-// Handler returns an http.Handler for liveness and readiness probes. It
-// answers a request whose path ends in /healthz or /readyz (so it may be
-// mounted under a prefix) and 404 otherwise:
+// Handler returns an http.Handler for liveness and readiness probes, and
+// for RunnerConfig.Metrics when set. It answers a request whose path ends
+// in /healthz, /readyz or /metrics (so it may be mounted under a prefix)
+// and 404 otherwise:
 //   - /healthz is 200 until Run has returned (draining included: a probe
 //     that failed then would have the process killed mid-drain), 503 after;
 //   - /readyz is 200 while every consumer runs and the Runner is not
-//     draining, 503 before Run, while draining and after.
+//     draining, 503 before Run, while draining and after;
+//   - /metrics is RunnerConfig.Metrics, served as it is (404 when nil).
 //
-// The body is the Runner's phase (idle, running, draining, stopped), then
-// one line per consumer: its name and whether it is
-// waiting (Run not called yet), running or stopped. It is safe for concurrent use. Metrics are
-// not served here: the engine reports them through OpenTelemetry
-// (Config.Observer, docs/observability.md), which an exporter of the
-// application's choice (Prometheus included) serves.
+// The body of a probe is the Runner's phase (idle, running, draining,
+// stopped), then one line per consumer: its name and whether it is waiting
+// (Run not called yet), running or stopped. It is safe for concurrent use.
+// The engine reports metrics through OpenTelemetry (Config.Observer,
+// docs/observability.md); /metrics serves them only through the exporter
+// handler the application sets in RunnerConfig.Metrics.
 func (r *Runner) Handler() http.Handler {
 	return http.HandlerFunc(r.serveProbe)
 }
 
 func (r *Runner) serveProbe(w http.ResponseWriter, req *http.Request) {
+	base := path.Base(req.URL.Path)
+	if base == "metrics" && r.cfg.Metrics != nil {
+		r.cfg.Metrics.ServeHTTP(w, req)
+		return
+	}
 	r.mu.Lock()
 	var ok bool
-	switch path.Base(req.URL.Path) {
+	switch base {
 	case "healthz":
 		ok = r.phase != phaseStopped
 	case "readyz":

@@ -26,7 +26,15 @@ import (
 // the dead-letter queue's MaximumMessageSize is written with its payload
 // cut, marked with dlq.HeaderTrimmed (value-bytes, value-kept,
 // value-sha256): never retried for ever.
+//
+// With broker-managed dead letters (Config.DeadLetters = DeadLetterBroker)
+// it sends nothing: it makes msg visible again at once, and SQS moves it
+// to the RedrivePolicy's dead-letter queue, as it holds it and without the
+// envelope, on the receive after its maxReceiveCount-th (see handBack).
 func (s *Source) DeadLetter(ctx context.Context, msg *ackwise.Message, env dlq.Envelope) error {
+	if s.brokerDL {
+		return s.handBack(ctx, msg, env)
+	}
 	if s.dlqURL == "" {
 		return fmt.Errorf("sqs: dead-letter message %s: no dead-letter queue (Config.DeadLetterQueueURL, URL parameter dlq): %w", msg.BrokerID, errors.ErrUnsupported)
 	}

@@ -16,16 +16,20 @@
 // are an unknown, repeated or empty one (errors match adapters.ErrBadURL
 // and name the parameter; docs/sqs.md has the same table):
 //
-//	region      both    AWS region (default: REGION of a host sqs.REGION.amazonaws.com, else the AWS chain's)
-//	endpoint    both    SQS endpoint to call instead of AWS's, for emulators
-//	dlq         source  dead-letter queue: a name beside the queue, or an https:// queue URL
-//	wait        source  long-poll wait, whole seconds 1s–20s (default 20s; -1: short polling)
-//	visibility  source  visibility timeout each receive asks for, 1s–12h (default: the queue's)
-//	ack_linger  source  how long an ack waits to share a DeleteMessageBatch call (default 5ms)
+//	region        both    AWS region (default: REGION of a host sqs.REGION.amazonaws.com, else the AWS chain's)
+//	endpoint      both    SQS endpoint to call instead of AWS's, for emulators
+//	dlq           source  dead-letter queue: a name beside the queue, or an https:// queue URL
+//	dlq_mode      source  ackwise (default): DeadLetter writes to dlq; broker: the RedrivePolicy moves
+//	max_attempts  source  the consumer's retry max attempts (default 5); broker mode checks it
+//	wait          source  long-poll wait, whole seconds 1s–20s (default 20s; -1: short polling)
+//	visibility    source  visibility timeout each receive asks for, 1s–12h (default: the queue's)
+//	ack_linger    source  how long an ack waits to share a DeleteMessageBatch call (default 5ms)
 //
 // Options: WithLogger gives a source's logger, which gets its warnings
-// (no dead-letter queue, a dead letter cut to fit; a sink logs nothing and
-// refuses it); WithTLSConfig is the TLS configuration of the HTTPS
+// (no dead-letter queue, a RedrivePolicy moving messages before the
+// consumer's max attempts, a dead-letter queue keeping messages for less
+// time than the queue, a dead letter cut to fit or handed back to SQS; a
+// sink logs nothing and refuses it); WithTLSConfig is the TLS configuration of the HTTPS
 // connections; WithAWSConfig (this package's) replaces the default chain's
 // AWS configuration. WithMeterProvider and WithTracerProvider are refused:
 // the adapter has no metrics or spans of its own yet.
@@ -60,6 +64,7 @@
 //     the inbox absorbs a second run). On a FIFO queue a message waiting
 //     out its delay holds back its message group.
 //   - Ordered on a FIFO queue (name ending .fifo).
+//   - BrokerDeadLetters with broker-managed dead letters (below).
 //
 // Ack deletes with DeleteMessageBatch: acks within ack_linger share a call,
 // up to 10, and each Ack returns once SQS answered for it; an entry SQS
@@ -86,6 +91,24 @@
 // attributes alone do not fit fails, and the message comes back. Without a
 // dead-letter queue DeadLetter fails with an error wrapping
 // errors.ErrUnsupported and the message comes back after its lease.
+//
+// Broker-managed dead letters (dlq_mode=broker, Config.DeadLetters =
+// DeadLetterBroker) leave the move to the queue's RedrivePolicy. NewSource
+// reads it and refuses a queue without one, or whose maxReceiveCount is
+// not Config.MaxAttempts (the consumer's retry.Policy.MaxAttempts, 0
+// meaning 5 in both), naming both numbers. DeadLetter then writes nothing:
+// it makes the message visible at once (ChangeMessageVisibilityBatch to
+// 0) and logs its reason, error and message ID, and SQS moves it as it
+// holds it, without the envelope, on the receive after its
+// maxReceiveCount-th; a permanent failure before that limit is handled
+// again until then. In either mode NewSource warns when the dead-letter
+// queue's MessageRetentionPeriod is shorter than the queue's: a standard
+// queue's dead letters that SQS moves keep their first enqueue time.
+//
+// MoveTask moves the messages of a dead-letter queue back (or to another
+// queue of its type) with SQS's own move task (StartMessageMoveTask) at a
+// capped rate, following its progress (ListMessageMoveTasks) and
+// cancelling it when its ctx ends; SQS moves messages as they are.
 //
 // Source.Backlog (dlq.Backlogger) is what dlq.Redrive and the ackwise CLI's
 // dlq stats read as the queue's depth: GetQueueAttributes'

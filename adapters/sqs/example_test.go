@@ -56,3 +56,44 @@ func ExampleSink_Publish() {
 		log.Printf("message %d not published: %v", f.Index, f.Err)
 	}
 }
+
+// Broker-managed dead letters: the queue's RedrivePolicy (maxReceiveCount
+// 5) moves a message the consumer gave up on, as it is, without the
+// envelope. The source refuses to open unless max_attempts, the
+// consumer's Retry.MaxAttempts, agrees with maxReceiveCount. Compiled
+// only: it needs SQS.
+func ExampleNewSource_brokerDeadLetters() {
+	ctx := context.Background()
+	const attempts = 5
+	src, err := sqs.NewSource(ctx, sqs.Config{
+		QueueURL:    "https://sqs.us-east-2.amazonaws.com/123456789012/orders",
+		DeadLetters: sqs.DeadLetterBroker,
+		MaxAttempts: attempts,
+	})
+	if err != nil {
+		log.Fatal(err) // no RedrivePolicy, or its maxReceiveCount is not 5
+	}
+	defer src.Close()
+	h := ackwise.HandlerFunc(func(ctx context.Context, m *ackwise.Message) error { return nil })
+	c, err := consumer.New(src, h, consumer.Config{Retry: retry.Policy{MaxAttempts: attempts, InitialInterval: 30 * time.Second}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Moving dead letters back to their queue with SQS's own move task, 50 a
+// second, once the cause is fixed. Compiled only: it needs SQS.
+func ExampleMoveTask() {
+	ctx := context.Background()
+	res, err := sqs.MoveTask(ctx, sqs.Connection{},
+		"https://sqs.us-east-2.amazonaws.com/123456789012/orders-dlq",
+		"https://sqs.us-east-2.amazonaws.com/123456789012/orders",
+		sqs.MoveOptions{MaxPerSecond: 50, Progress: func(r sqs.MoveResult) { log.Printf("%d of %d moved", r.Moved, r.ToMove) }})
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("%s: %d moved in %v", res.Status, res.Moved, res.Elapsed)
+}

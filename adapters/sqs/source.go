@@ -48,7 +48,20 @@ type Config struct {
 	// (ackwise-managed dead letters). Empty: DeadLetter fails with an error
 	// wrapping errors.ErrUnsupported, and the message comes back after its
 	// visibility timeout (a RedrivePolicy on the queue may move it).
+	// Refused with DeadLetters = DeadLetterBroker.
 	DeadLetterQueueURL string
+	// DeadLetters says who moves a message the consumer gave up on:
+	// DeadLetterAckwise ("" means it) sends it to DeadLetterQueueURL with
+	// the envelope; DeadLetterBroker leaves it to the queue's
+	// RedrivePolicy, which NewSource reads and checks against MaxAttempts
+	// (see the package doc for what each keeps).
+	DeadLetters DeadLetterMode
+	// MaxAttempts is the consumer's retry.Policy.MaxAttempts (0 means
+	// retry.DefaultMaxAttempts, as there). With DeadLetterBroker NewSource
+	// refuses a queue whose RedrivePolicy's maxReceiveCount differs (or
+	// that has none); with DeadLetterAckwise it warns when the queue's
+	// RedrivePolicy would move messages before the consumer gives up.
+	MaxAttempts int
 	// Connection says how to reach SQS (region, endpoint, TLS).
 	Connection
 	// WaitTime is the long-poll wait of a receive, whole seconds from 1s to
@@ -91,6 +104,9 @@ func (c Config) validate() error {
 	if v := c.VisibilityTimeout; v != 0 && (v < time.Second || v > MaxVisibility || v%time.Second != 0) {
 		return fmt.Errorf("sqs: Config.VisibilityTimeout = %v: want whole seconds from 1s to 12h, or 0 (the queue's)", v)
 	}
+	if err := c.validateDeadLetters(); err != nil {
+		return err
+	}
 	if c.AckLinger < -1 {
 		return fmt.Errorf("sqs: Config.AckLinger = %v: want ≥ 0 (0: default %v) or -1 (none)", c.AckLinger, DefaultAckLinger)
 	}
@@ -120,6 +136,10 @@ type Source struct {
 	acks    *batcher // DeleteMessageBatch
 	vis     *batcher // ChangeMessageVisibilityBatch
 	invalid adapters.InvalidHook
+
+	// brokerDL: broker-managed dead letters, to brokerDLQ (a queue name).
+	brokerDL  bool
+	brokerDLQ string
 }
 
 var (
@@ -161,7 +181,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	out, err := client.GetQueueAttributes(ctx, &sqs.GetQueueAttributesInput{
 		QueueUrl:       aws.String(s.queueURL),
-		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameVisibilityTimeout},
+		AttributeNames: []types.QueueAttributeName{types.QueueAttributeNameVisibilityTimeout, types.QueueAttributeNameRedrivePolicy, types.QueueAttributeNameMessageRetentionPeriod},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("sqs: read the attributes of queue %s: %w", s.name, err)
@@ -179,8 +199,8 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 			return nil, fmt.Errorf("sqs: dead-letter queue: %w", err)
 		}
 	}
-	if s.dlqURL == "" {
-		s.log.Warn("sqs: no dead-letter queue (dlq=): DeadLetter fails and a poison message comes back after each visibility timeout, unless the queue's RedrivePolicy moves it", slog.String(ackwise.LogKeySource, s.name))
+	if err := s.checkDeadLetters(ctx, cfg, out.Attributes); err != nil {
+		return nil, err
 	}
 	linger := cfg.AckLinger
 	switch linger {
@@ -534,7 +554,8 @@ func (s *Source) Backlog(ctx context.Context) (int, error) {
 
 // Capabilities: DeliveryCount (ApproximateReceiveCount), Lease (the
 // visibility timeout), ExtendLease, Delay up to MaxVisibility; Ordered on
-// a FIFO queue.
+// a FIFO queue; BrokerDeadLetters with Config.DeadLetters =
+// DeadLetterBroker.
 func (s *Source) Capabilities() adapters.Capabilities {
 	return adapters.Capabilities{
 		Delay:         true,
@@ -543,6 +564,8 @@ func (s *Source) Capabilities() adapters.Capabilities {
 		ExtendLease:   true,
 		DeliveryCount: true,
 		Ordered:       s.fifo,
+
+		BrokerDeadLetters: s.brokerDL,
 	}
 }
 

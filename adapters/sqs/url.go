@@ -54,6 +54,8 @@ var params = func() *urlparam.Table {
 		urlparam.Param{Name: "region", Side: both, Type: "string", Doc: "AWS region (default: REGION of a host sqs.REGION.amazonaws.com, else the AWS chain's)"},
 		urlparam.Param{Name: "endpoint", Side: both, Type: "http(s) URL", Doc: "SQS endpoint to call instead of AWS's, for emulators (http://127.0.0.1:9324)"},
 		urlparam.Param{Name: "dlq", Side: src, Type: "queue name or URL", Doc: "dead-letter queue: a name beside the queue, or an https:// queue URL (default: none; DeadLetter fails)"},
+		urlparam.Param{Name: "dlq_mode", Side: src, Type: "one of ackwise, broker", Doc: "who moves dead letters: ackwise (default) sends them to `dlq` with the envelope; broker leaves them to the queue's RedrivePolicy, as they are"},
+		urlparam.Param{Name: "max_attempts", Side: src, Type: "int", Doc: "the consumer's retry max attempts, 1 to 1000 (default 5): with dlq_mode=broker the queue's maxReceiveCount must equal it"},
 		urlparam.Param{Name: "wait", Side: src, Type: "duration or -1", Doc: "long-poll wait, whole seconds from 1s to 20s (default 20s; -1: short polling)"},
 		urlparam.Param{Name: "visibility", Side: src, Type: "duration", Doc: "visibility timeout (lease) each receive asks for, whole seconds from 1s to 12h (default: the queue's)"},
 		urlparam.Param{Name: "ack_linger", Side: src, Type: "duration or -1", Doc: "how long an ack waits to share a DeleteMessageBatch call (default 5ms; -1: no wait)"},
@@ -116,6 +118,10 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 	if q.String(&dlq, "dlq") {
 		c.DeadLetterQueueURL = resolveDLQ(q, queueURL, dlq)
 	}
+	if urlparam.Enum(q, &c.DeadLetters, "dlq_mode", DeadLetterAckwise, DeadLetterBroker) && c.DeadLetters == DeadLetterBroker && c.DeadLetterQueueURL != "" {
+		q.Fail(q.Errorf("dlq_mode", "broker takes no dlq= parameter: the queue's RedrivePolicy names the dead-letter queue"))
+	}
+	urlparam.Int(q, &c.MaxAttempts, "max_attempts", 1, maxReceiveCountLimit)
 	if q.Duration(&c.WaitTime, "wait", -1, DefaultWaitTime) && c.WaitTime != -1 && (c.WaitTime < time.Second || c.WaitTime%time.Second != 0) {
 		q.Fail(q.Errorf("wait", "want whole seconds from 1s to 20s, or -1"))
 	}
@@ -129,7 +135,8 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 }
 
 // SinkConfigFromURL builds a SinkConfig from a URL like ConfigFromURL's;
-// the source parameters (dlq, wait, visibility, ack_linger) are errors.
+// the source parameters (dlq, dlq_mode, max_attempts, wait, visibility,
+// ack_linger) are errors.
 func SinkConfigFromURL(u *url.URL) (SinkConfig, error) {
 	_, conn, queueURL, err := parseURL(u, urlparam.Sink)
 	if err != nil {

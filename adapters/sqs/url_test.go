@@ -27,6 +27,8 @@ func TestConfigFromURL(t *testing.T) {
 			Connection: Connection{Endpoint: "http://127.0.0.1:9324"}, WaitTime: time.Second, VisibilityTimeout: 30 * time.Second, AckLinger: -1,
 		}},
 		{"awssqs://h/1/q.fifo?dlq=https://h/2/d.fifo&wait=-1&ack_linger=0s", Config{QueueURL: "https://h/1/q.fifo", DeadLetterQueueURL: "https://h/2/d.fifo", WaitTime: -1, AckLinger: -1}},
+		{"awssqs://h/1/q?dlq_mode=broker&max_attempts=4", Config{QueueURL: "https://h/1/q", DeadLetters: DeadLetterBroker, MaxAttempts: 4}},
+		{"awssqs://h/1/q?dlq=d&dlq_mode=ACKWISE", Config{QueueURL: "https://h/1/q", DeadLetterQueueURL: "https://h/1/d", DeadLetters: DeadLetterAckwise}},
 	} {
 		u, _ := url.Parse(c.url)
 		got, err := ConfigFromURL(u)
@@ -48,6 +50,10 @@ func TestConfigFromURL(t *testing.T) {
 func TestURLErrors(t *testing.T) {
 	for _, c := range []struct{ url, want string }{
 		{"awssqs://h/1/q?colour=blue", `"colour" is unknown`},
+		{"awssqs://h/1/q?dlq_mode=sqs", `"dlq_mode" = "sqs"`},
+		{"awssqs://h/1/q?dlq=d&dlq_mode=broker", `"dlq_mode" = "broker": broker takes no dlq=`},
+		{"awssqs://h/1/q?dlq_mode=broker&max_attempts=0", `"max_attempts" = "0"`},
+		{"awssqs://h/1/q?max_attempts=1001", `"max_attempts" = "1001"`},
 		{"awssqs://h/1/q?wait=1500ms", `"wait" = "1500ms": want whole seconds`},
 		{"awssqs://h/1/q?wait=21s", `"wait" = "21s"`},
 		{"awssqs://h/1/q?visibility=13h", `"visibility" = "13h"`},
@@ -72,9 +78,12 @@ func TestURLErrors(t *testing.T) {
 			t.Errorf("%s: %v, want an ErrBadURL saying %s (and no password)", c.url, err, c.want)
 		}
 	}
-	u, _ := url.Parse("awssqs://h/1/q?dlq=d")
-	if _, err := SinkConfigFromURL(u); err == nil || !strings.Contains(err.Error(), `"dlq" is for a source`) {
-		t.Errorf("sink with dlq=: %v", err)
+	for _, p := range []string{"dlq=d", "dlq_mode=broker", "max_attempts=3"} {
+		u, _ := url.Parse("awssqs://h/1/q?" + p)
+		name, _, _ := strings.Cut(p, "=")
+		if _, err := SinkConfigFromURL(u); err == nil || !strings.Contains(err.Error(), `"`+name+`" is for a source`) {
+			t.Errorf("sink with %s: %v", p, err)
+		}
 	}
 }
 

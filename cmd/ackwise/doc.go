@@ -10,6 +10,7 @@
 //	                    [--max-age D] [--yes] [--idle 2s] [--max-held 10000]
 //	                    [--publish-timeout 30s] [--max-redrives 3] [--force] [-v]
 //	                    [--progress-every 5s]
+//	ackwise dlq redrive <awssqs-dlq-url> <awssqs-target-url> --native [--rate 10] [--yes]
 //	ackwise lag <source-url> [--window 10s] [--json]
 //	ackwise version
 //	ackwise completion bash|zsh|fish|powershell
@@ -56,6 +57,14 @@
 // --max-redrives times already unless --force; it moves an event at most
 // once per run; and it receives no more messages than the dead-letter
 // destination held when it started, where the broker can tell.
+//
+// redrive --native (awssqs:// URLs only) lets SQS move the messages
+// instead, with its own move task (sqs.MoveTask: StartMessageMoveTask at
+// --rate, 1 to 500 a second, -1 for SQS's choice), printing its progress:
+// every message moves as it is, with no filter, count or envelope removal,
+// and it takes no other flag but --yes. It is the way to redrive dead
+// letters SQS moved itself (the adapter's dlq_mode=broker), which carry no
+// envelope.
 //
 // lag samples a consumer's backlog twice, --window apart, without
 // consuming or joining its group (kafka.GroupOffsets, rabbitmq.QueueDepth,

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -15,9 +16,11 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/sqs"
 	"github.com/ackwise/ackwise/dlq"
 )
 
@@ -33,6 +36,7 @@ type redriveArgs struct {
 	maxHeld          int
 	maxRedrives      int
 	progressEvery    time.Duration
+	native           bool
 }
 
 func redriveCmd(e env) *cobra.Command {
@@ -67,6 +71,7 @@ refuses to run without --yes. See docs/redrive.md.`,
 	f.BoolVarP(&a.verbose, "verbose", "v", false, "print a line for every message, not only in a dry run")
 	f.BoolVarP(&a.yes, "yes", "y", false, "do not ask for confirmation")
 	f.DurationVar(&a.progressEvery, "progress-every", 5*time.Second, "without a terminal, print a progress line to stderr this `often` (0: none); on a terminal a progress bar shows")
+	f.BoolVar(&a.native, "native", false, "awssqs:// only: SQS's own move task (StartMessageMoveTask) at --rate (whole, 1 to 500; -1: SQS's choice), moving every message as it is; takes no other flag but --yes")
 	return c
 }
 
@@ -159,6 +164,9 @@ func redrive(c *cobra.Command, e env, a redriveArgs, from, to string) (err error
 	if sameDestination(from, to) {
 		return usageErr(c, "the dead-letter source and the target are the same destination (%s)", redact(from))
 	}
+	if a.native {
+		return redriveNative(c, e, a, from, to)
+	}
 	if !a.dry && !a.yes && !e.stdinTerminal {
 		return usageErr(c, "redrive moves messages: give --yes to confirm (stdin is not a terminal, so it cannot ask), or --dry-run to look first")
 	}
@@ -217,7 +225,31 @@ func redrive(c *cobra.Command, e env, a redriveArgs, from, to string) (err error
 	return nil
 }
 
-// confirm asks on stderr, and reads the answer on stdin.
+// redriveNative is redrive --native: SQS's move task (nativeRedrive).
+func redriveNative(c *cobra.Command, e env, a redriveArgs, from, to string) error {
+	var set []string
+	c.Flags().Visit(func(f *pflag.Flag) { set = append(set, f.Name) })
+	rate, err := nativeArgs(set, a.rate)
+	if err != nil {
+		return usageErr(c, "%v", err)
+	}
+	if u, err := url.Parse(from); err != nil || !strings.EqualFold(u.Scheme, sqs.Scheme) {
+		return usageErr(c, "--native: %s is not an awssqs:// URL (SQS's move task moves between SQS queues)", redact(from))
+	}
+	if !a.yes {
+		if !e.stdinTerminal {
+			return usageErr(c, "redrive moves messages: give --yes to confirm (stdin is not a terminal, so it cannot ask)")
+		}
+		if err := confirm(c.Context(), e, nil, a, from, to); err != nil {
+			return err
+		}
+	}
+	_, err = nativeRedrive(c.Context(), from, to, rate, e.stdout)
+	return err
+}
+
+// confirm asks on stderr, and reads the answer on stdin; src, when not
+// nil, tells the depth.
 func confirm(ctx context.Context, e env, src adapters.Source, a redriveArgs, from, to string) error {
 	held := ""
 	if b, ok := src.(dlq.Backlogger); ok {

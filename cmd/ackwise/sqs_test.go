@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,7 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/sqs"
 
-	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/sqs/sqstest"
 	"github.com/ackwise/ackwise/consumer"
@@ -85,18 +82,7 @@ func TestSQSStatsAndRedrive(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	_, work, dead := sqsQueues(t, ctx)
-	sink, err := adapters.OpenSink(ctx, work)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sink.Close()
-	msgs := make([]*ackwise.Message, deadLetters)
-	for i := range msgs {
-		msgs[i] = &ackwise.Message{ID: fmt.Sprint("e", i), Key: "k", Payload: []byte(fmt.Sprint("payload-", i)), Headers: ackwise.HeadersOf("x-tenant", "acme")}
-	}
-	if err := sink.Publish(ctx, msgs...); err != nil {
-		t.Fatal(err)
-	}
+	publishEvents(t, ctx, work, "e")
 
 	// The engine dead-letters every one (a permanent failure). It short
 	// polls: a long poll that stopping the engine cancels would go on in
@@ -108,28 +94,7 @@ func TestSQSStatsAndRedrive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var handled atomic.Int64
-	cons, err := consumer.New(src, ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
-		handled.Add(1)
-		return ackwise.Permanent(errors.New("bad input"))
-	}), consumer.Config{Name: "billing", Concurrency: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- cons.Run(runCtx) }()
-	// A queue offers nothing to wait on: poll the dead-letter queue.
-	for sqsDepth(t, ctx, dead) < deadLetters {
-		if ctx.Err() != nil {
-			t.Fatalf("%d dead letters, want %d (handled %d)", sqsDepth(t, context.Background(), dead), deadLetters, handled.Load())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("Run: %v", err)
-	}
+	deadLetterAll(t, ctx, src, dead, consumer.Config{Name: "billing", Concurrency: 16})
 	src.Close()
 	if n := sqsDepth(t, ctx, work); n != 0 {
 		t.Fatalf("the work queue holds %d messages after the run, want 0", n)
@@ -160,33 +125,5 @@ func TestSQSStatsAndRedrive(t *testing.T) {
 		t.Fatalf("the dead-letter queue holds %d messages after the redrive, want 0", n)
 	}
 	// The work queue holds each event once, as published, without envelope.
-	back, err := adapters.OpenSource(ctx, work+sqsWait+"&ack_linger=-1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer back.Close()
-	seen := map[string]bool{}
-	buf := make([]*ackwise.Message, 10)
-	for len(seen) < deadLetters {
-		n, err := back.Receive(ctx, buf)
-		if err != nil {
-			t.Fatalf("after %d of the redriven events: %v", len(seen), err)
-		}
-		for _, m := range buf[:n] {
-			var i int
-			if _, err := fmt.Sscanf(m.ID, "e%d", &i); err != nil || seen[m.ID] || string(m.Payload) != fmt.Sprint("payload-", i) || m.Key != "k" || m.Headers.Get("x-tenant") != "acme" {
-				t.Fatalf("redriven %q: payload %q key %q headers %v (seen before: %v)", m.ID, m.Payload, m.Key, m.Headers, seen[m.ID])
-			}
-			if _, err := dlq.Decode(m.Headers); err == nil {
-				t.Fatalf("redriven %s kept its envelope", m.ID)
-			}
-			seen[m.ID] = true
-			if err := back.Ack(ctx, m); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	if n := sqsDepth(t, ctx, work); n != 0 {
-		t.Fatalf("the work queue holds %d more messages than the 300 redriven", n)
-	}
+	expectRedriven(t, ctx, work, "e")
 }

@@ -29,4 +29,14 @@
 //
 // QueueHarness and LogHarness connect the broker to the adapter conformance
 // suite (package adaptertest).
+//
+// Simulate runs a handler (its middleware, inbox store and retry policy
+// included) through many seeded schedules of combined faults: crashes
+// before and after the ack, lost acks, duplicates, redeliveries that
+// overtake newer messages of their key, log rebalances, publish failures,
+// dependency outages and lost replies. Each seed is a single-threaded
+// discrete-event simulation on a virtual clock, so with one worker it
+// replays exactly (-simulate.seed=N); a failure is reported with its seed,
+// its shrunk fault schedule and that schedule's timeline. See
+// docs/testing.md, "Simulating combined faults".
 package memorytest

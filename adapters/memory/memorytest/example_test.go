@@ -85,7 +85,22 @@ func TestChargeIsRetriedAndSurvivesALostAck(t *testing.T) {
 // as it is, so that the page cannot drift from code that runs.
 func TestTestingDocShowsTheExample(t *testing.T) {
 	t.Parallel()
-	src, err := os.ReadFile("example_test.go")
+	requireDocShows(t, "example_test.go", "docs/testing.md")
+}
+
+// TestTestingDocShowsTheSimulation: docs/testing.md shows the simulation
+// walk-through of simulate_doc_test.go as it is.
+func TestTestingDocShowsTheSimulation(t *testing.T) {
+	t.Parallel()
+	requireDocShows(t, "simulate_doc_test.go", "docs/testing.md simulate")
+}
+
+// requireDocShows fails t unless docs/testing.md holds, as a Go code block,
+// the code of file between the comments "// <marker>: begin" and
+// "// <marker>: end".
+func requireDocShows(t *testing.T, file, marker string) {
+	t.Helper()
+	src, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,13 +108,13 @@ func TestTestingDocShowsTheExample(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, code, ok := strings.Cut(string(src), "// docs/testing.md: begin\n")
-	code, _, ok2 := strings.Cut(code, "\n// docs/testing.md: end")
+	_, code, ok := strings.Cut(string(src), "// "+marker+": begin\n")
+	code, _, ok2 := strings.Cut(code, "\n// "+marker+": end")
 	if !ok || !ok2 {
-		t.Fatal("example_test.go lacks its docs/testing.md markers")
+		t.Fatalf("%s lacks its %s markers", file, marker)
 	}
 	block := "```go\n" + strings.TrimRight(code, "\n") + "\n```\n"
 	if !strings.Contains(string(doc), block) {
-		t.Fatalf("docs/testing.md does not show the example of example_test.go as it is; copy it:\n%s", block)
+		t.Fatalf("docs/testing.md does not show the code of %s as it is; copy it:\n%s", file, block)
 	}
 }
