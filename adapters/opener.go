@@ -25,6 +25,11 @@ import (
 type Opener struct {
 	OpenSource func(ctx context.Context, u *url.URL, o OpenOptions) (Source, error)
 	OpenSink   func(ctx context.Context, u *url.URL, o OpenOptions) (Sink, error)
+	// SourceParams lists the query parameters of a consumer's source URL
+	// that a sink URL for the same destination leaves out (a consumer
+	// group, a prefetch, the topology the consumer declares): [SinkURL]
+	// drops them. nil: none.
+	SourceParams []string
 }
 
 // OpenOptions are what a program passes to an adapter opened by URL
@@ -272,4 +277,37 @@ func OpenSink(ctx context.Context, rawURL string, opts ...OpenOption) (Sink, err
 		return nil, fmt.Errorf("adapters: scheme %q cannot open a sink", u.Scheme)
 	}
 	return o.OpenSink(ctx, u, applyOptions(opts))
+}
+
+// SinkURL returns rawURL without the query parameters its scheme's
+// adapter takes for a source only ([Opener.SourceParams]), and the names of
+// those it dropped: a consumer's own source URL
+// ("kafka://broker:9092/orders?group=billing") becomes a sink URL for the
+// same destination ("kafka://broker:9092/orders"), as the ackwise CLI
+// takes a redrive target. The rest of the URL is kept as written.
+func SinkURL(rawURL string) (sink string, dropped []string, err error) {
+	u, o, err := lookup(rawURL)
+	if err != nil {
+		return "", nil, err
+	}
+	if u.RawQuery == "" || len(o.SourceParams) == 0 {
+		return rawURL, nil, nil
+	}
+	var kept []string
+	for _, kv := range strings.Split(u.RawQuery, "&") {
+		k, _, _ := strings.Cut(kv, "=")
+		if name, err := url.QueryUnescape(k); err == nil && slices.Contains(o.SourceParams, name) {
+			if !slices.Contains(dropped, name) {
+				dropped = append(dropped, name)
+			}
+			continue
+		}
+		kept = append(kept, kv)
+	}
+	if len(dropped) == 0 {
+		return rawURL, nil, nil
+	}
+	u.RawQuery = strings.Join(kept, "&")
+	u.ForceQuery = false
+	return u.String(), dropped, nil
 }

@@ -76,6 +76,22 @@ const (
 	ReasonUnroutable  Reason = "unroutable"
 )
 
+// Reasons are the reasons ackwise writes, in the order above.
+var Reasons = []Reason{ReasonPermanent, ReasonMaxAttempts, ReasonExpired, ReasonUnroutable}
+
+// ParseReason returns the Reason named s, one of Reasons, or an error
+// naming s and the known reasons (the ackwise CLI validates its -reason
+// filter with it, so that a misspelt reason is an error, not a filter
+// that matches nothing).
+func ParseReason(s string) (Reason, error) {
+	for _, r := range Reasons {
+		if string(r) == s {
+			return r, nil
+		}
+	}
+	return "", fmt.Errorf("dlq: unknown reason %q (known: %s, %s, %s, %s)", s, ReasonPermanent, ReasonMaxAttempts, ReasonExpired, ReasonUnroutable)
+}
+
 // MaxErrorLen bounds the error text in bytes; longer text is cut at a rune
 // boundary and ends in "…".
 const MaxErrorLen = 1024

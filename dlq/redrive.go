@@ -193,6 +193,11 @@ const (
 	// in the dead-letter destination (held, then released), also with
 	// Force: recover the payload from its producer.
 	ActionPayloadCut Action = "payload-cut"
+	// ActionTooOld: it was dead-lettered longer ago than MaxAge (its
+	// envelope's last failure; one without a failure time counts as too
+	// old); it stays in the dead-letter destination (held, then released),
+	// also with Force.
+	ActionTooOld Action = "too-old"
 )
 
 // RedriveOptions configure Redrive. The zero value is valid and means: move
@@ -249,6 +254,16 @@ type RedriveOptions struct {
 	// Force moves the dead letters MaxRedrives would leave; their count
 	// still grows. It does not move an event twice in one run.
 	Force bool
+	// MaxAge, when positive, leaves the dead letters written longer ago
+	// than MaxAge (their envelope's LastFailure, else FirstFailure; one
+	// with neither counts as too old) where they are and reports them
+	// (ActionTooOld, RedriveResult.TooOld): an event that old may be stale
+	// for its consumer. Zero means no limit; negative is invalid.
+	MaxAge time.Duration
+	// OnStart, when set, is called once from Redrive's goroutine before
+	// the first receive, with the source's backlog (RedriveResult.Backlog:
+	// -1 when the source cannot tell), for a progress display.
+	OnStart func(backlog int)
 	// OnMessage, when set, is called from Redrive's goroutine after each
 	// decision, with the delivery, its envelope (zero for ActionNoEnvelope)
 	// and what was done. It must not keep msg.
@@ -275,6 +290,8 @@ func (o RedriveOptions) Validate() error {
 		return fmt.Errorf("dlq: RedriveOptions.PublishTimeout = %v: must not be negative (0 means %v)", o.PublishTimeout, DefaultPublishTimeout)
 	case o.MaxRedrives < 0:
 		return fmt.Errorf("dlq: RedriveOptions.MaxRedrives = %d: must not be negative (0 means %d)", o.MaxRedrives, DefaultMaxRedrives)
+	case o.MaxAge < 0:
+		return fmt.Errorf("dlq: RedriveOptions.MaxAge = %v: must not be negative (0 means no limit)", o.MaxAge)
 	}
 	return nil
 }
@@ -304,6 +321,9 @@ type RedriveResult struct {
 	// their payload was cut to fit the dead-letter destination
 	// (ActionPayloadCut). (Not in Skipped.)
 	PayloadCut int
+	// TooOld counts the dead letters left where they were because they
+	// were written longer ago than MaxAge (ActionTooOld). (Not in Skipped.)
+	TooOld int
 	// Backlog is what the dead-letter source said it held when the run
 	// started (Backlogger), the most new messages the run receives; -1 when
 	// the source cannot tell.
@@ -350,8 +370,9 @@ type RedriveResult struct {
 // redrive of a log without committing, publishes a message again, with the
 // same event ID.
 //
-// Messages not moved (skipped, without envelope, at the redrive limit, of
-// an event the run moved already, all of them in a dry run) are held
+// Messages not moved (skipped, without envelope, at the redrive limit,
+// older than MaxAge, of an event the run moved already, all of them in a
+// dry run) are held
 // unsettled and released when the run ends, also when ctx is
 // cancelled (within a bounded time). On a log (Kafka) a released record's
 // offset is not committed, so a later run with the same consumer group reads
@@ -426,6 +447,9 @@ func Redrive(ctx context.Context, from RedriveSource, to RedriveSink, opts Redri
 			backlog = max(n, 0)
 		}
 	}
+	if opts.OnStart != nil {
+		opts.OnStart(backlog)
+	}
 	res, err := r.redrive(ctx, to, lim, batch, backlog, opts)
 	res.Elapsed = time.Since(start)
 	return res, err
@@ -499,6 +523,11 @@ func (r *run) redrive(ctx context.Context, to RedriveSink, lim *rate.Limiter, ba
 			res.PayloadCut++
 			r.hold(msg)
 			note(msg, env, ActionPayloadCut)
+			return "", nil
+		case opts.MaxAge > 0 && tooOld(env, opts.MaxAge, time.Now()):
+			res.TooOld++
+			r.hold(msg)
+			note(msg, env, ActionTooOld)
 			return "", nil
 		case id != "" && moved.has(id):
 			res.AlreadyMoved++
@@ -621,6 +650,18 @@ func (r *run) move(ctx context.Context, to RedriveSink, lim *rate.Limiter, timeo
 		return fmt.Errorf("dlq: redrive of %s (event %q): published, but the ack of the dead letter failed; it stays in the dead-letter destination too, and a later redrive publishes it again (consumers deduplicate on the event ID): %w", msg.BrokerID, msg.EventID(), err)
 	}
 	return nil
+}
+
+// tooOld reports whether the dead letter of env was written longer ago
+// than maxAge at now: its last failure, else its first; without either its
+// age is unknown and it counts as too old (a run asked to leave old dead
+// letters does not move one it cannot date).
+func tooOld(env Envelope, maxAge time.Duration, now time.Time) bool {
+	at := env.LastFailure
+	if at.IsZero() {
+		at = env.FirstFailure
+	}
+	return at.IsZero() || now.Sub(at) > maxAge
 }
 
 // tokenReady waits, without taking it, until lim has a token.

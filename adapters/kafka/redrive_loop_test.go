@@ -195,6 +195,18 @@ func TestBacklog(t *testing.T) {
 	if got, err := src.Backlog(ctx); err != nil || got != n-acked {
 		t.Fatalf("Backlog = %d, %v after %d of %d acked; want %d", got, err, acked, n, n-acked)
 	}
+	// GroupOffsets tells the same per partition, without joining the group.
+	offs, err := GroupOffsets(ctx, cfg)
+	if err != nil || len(offs) != 2 {
+		t.Fatalf("GroupOffsets = %+v, %v; want 2 partitions", offs, err)
+	}
+	var lag, end, done int64
+	for _, o := range offs {
+		lag, end, done = lag+o.Lag(), end+o.End, done+o.Committed+o.Settled
+	}
+	if lag != int64(n-acked) || end != n || done != int64(acked) {
+		t.Fatalf("GroupOffsets = %+v: lag %d, end %d, committed+settled %d; want %d, %d, %d", offs, lag, end, done, n-acked, n, acked)
+	}
 
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
 	if err != nil {

@@ -1,13 +1,16 @@
 package kafka
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 )
 
 // Backlog returns how many records of the source's topic (and its retry
@@ -26,26 +29,84 @@ import (
 // which the run then leaves for the next run. It asks the brokers (three
 // requests) and fails for a topic that does not exist.
 func (s *Source) Backlog(ctx context.Context) (int, error) {
-	topics := append([]string{s.cfg.Topic}, s.cfg.retryTopics()...)
-	adm := kadm.NewClient(s.cl)
+	offs, err := groupOffsets(ctx, kadm.NewClient(s.cl), s.cfg)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, o := range offs {
+		n += o.Lag()
+	}
+	return int(min(max(n, 0), math.MaxInt)), nil
+}
+
+// PartitionOffsets is where a consumer group stands on one partition of a
+// source's topic (or of one of its retry topics).
+type PartitionOffsets struct {
+	Topic     string
+	Partition int32
+	// End is the end offset a read_committed consumer sees (the last
+	// stable offset).
+	End int64
+	// Committed is where the group resumes: its committed offset, or the
+	// partition's start offset without one (its end on the topic with
+	// StartOffset "latest"), never below the start offset.
+	Committed int64
+	// Settled counts the records between Committed and End that the
+	// group's commit metadata names as settled (they are not delivered
+	// again).
+	Settled int64
+}
+
+// Lag is the records of the partition the group has yet to read: End less
+// Committed less Settled, never negative.
+func (o PartitionOffsets) Lag() int64 { return max(o.End-o.Committed-o.Settled, 0) }
+
+// GroupOffsets returns, for every partition of cfg's topic and its retry
+// topics, where cfg.Group stands (the counts Backlog sums), asking the
+// brokers through a client of its own that joins no group: unlike opening
+// a Source, it does not make the group rebalance, so it may be called on
+// the group of live consumers (the ackwise CLI's lag command samples it
+// twice to tell ingress and consume rates). A topic that does not exist is
+// an error. Of cfg, the ClientConfig, Topic, RetryTiers, RetryPrefix,
+// Group and StartOffset are used.
+func GroupOffsets(ctx context.Context, cfg SourceConfig) ([]PartitionOffsets, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.ClientConfig.validate(fieldsOf("SourceConfig"), cfg.Topic); err != nil {
+		return nil, err
+	}
+	if cfg.Group == "" {
+		return nil, errors.New("kafka: GroupOffsets: SourceConfig.Group is empty")
+	}
+	cl, err := kgo.NewClient(append(cfg.ClientConfig.opts(), cfg.Options...)...)
+	if err != nil {
+		return nil, fmt.Errorf("kafka: new client: %w", err)
+	}
+	defer cl.Close()
+	return groupOffsets(ctx, kadm.NewClient(cl), cfg)
+}
+
+// groupOffsets is GroupOffsets with a client (three requests).
+func groupOffsets(ctx context.Context, adm *kadm.Client, cfg SourceConfig) ([]PartitionOffsets, error) {
+	topics := append([]string{cfg.Topic}, cfg.retryTopics()...)
 	ends, err := adm.ListCommittedOffsets(ctx, topics...)
 	if err == nil {
 		err = ends.Error()
 	}
 	if errors.Is(err, kerr.UnknownTopicOrPartition) {
-		return 0, fmt.Errorf("kafka: backlog of %v: a topic does not exist: %w", topics, err)
+		return nil, fmt.Errorf("kafka: backlog of %v: a topic does not exist: %w", topics, err)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("kafka: backlog of %v: list end offsets: %w", topics, err)
+		return nil, fmt.Errorf("kafka: backlog of %v: list end offsets: %w", topics, err)
 	}
 	starts, err := adm.ListStartOffsets(ctx, topics...)
 	if err == nil {
 		err = starts.Error()
 	}
 	if err != nil {
-		return 0, fmt.Errorf("kafka: backlog of %v: list start offsets: %w", topics, err)
+		return nil, fmt.Errorf("kafka: backlog of %v: list start offsets: %w", topics, err)
 	}
-	offs, err := adm.FetchOffsetsForTopics(ctx, s.cfg.Group, topics...)
+	offs, err := adm.FetchOffsetsForTopics(ctx, cfg.Group, topics...)
 	if err == nil {
 		err = offs.Error()
 	}
@@ -55,25 +116,28 @@ func (s *Source) Backlog(ctx context.Context) (int, error) {
 		offs, err = nil, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("kafka: backlog of %v: fetch the offsets of group %q: %w", topics, s.cfg.Group, err)
+		return nil, fmt.Errorf("kafka: backlog of %v: fetch the offsets of group %q: %w", topics, cfg.Group, err)
 	}
-	var n int64
+	var out []PartitionOffsets
 	ends.Each(func(e kadm.ListedOffset) {
-		from := int64(0)
+		p := PartitionOffsets{Topic: e.Topic, Partition: e.Partition, End: e.Offset}
 		if st, ok := starts.Lookup(e.Topic, e.Partition); ok {
-			from = st.Offset
+			p.Committed = st.Offset
 		}
 		if o, ok := offs.Lookup(e.Topic, e.Partition); ok && o.At >= 0 {
-			from = max(from, o.At)
+			p.Committed = max(p.Committed, o.At)
 			for off := range decodeSettled(o.At, o.Metadata) {
-				if off >= from && off < e.Offset {
-					n--
+				if off >= p.Committed && off < e.Offset {
+					p.Settled++
 				}
 			}
-		} else if e.Topic == s.cfg.Topic && s.cfg.StartOffset == "latest" {
-			from = e.Offset
+		} else if e.Topic == cfg.Topic && cfg.StartOffset == "latest" {
+			p.Committed = e.Offset
 		}
-		n += max(e.Offset-from, 0)
+		out = append(out, p)
 	})
-	return int(min(max(n, 0), math.MaxInt)), nil
+	slices.SortFunc(out, func(a, b PartitionOffsets) int {
+		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
+	})
+	return out, nil
 }

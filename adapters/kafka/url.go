@@ -42,6 +42,7 @@ func init() {
 			}
 			return NewSink(ctx, cfg)
 		},
+		SourceParams: urlParams.Only(urlparam.Source),
 	})
 }
 

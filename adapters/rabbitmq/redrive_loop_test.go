@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,6 +185,10 @@ func TestBacklog(t *testing.T) {
 	if n, err := src.Backlog(ctxT(t)); err != nil || n != 5 {
 		t.Fatalf("Backlog = %d, %v; want 5", n, err)
 	}
+	// QueueDepth counts the ready messages now, consuming nothing.
+	if n, err := QueueDepth(ctxT(t), Config{URL: testURL(), Queue: name}); err != nil || n != 2 {
+		t.Fatalf("QueueDepth = %d, %v; want 2", n, err)
+	}
 	m := receive(t, src)
 	if _, err := src.Backlog(ctxT(t)); err == nil {
 		t.Error("Backlog after a Receive: no error")
@@ -201,5 +206,8 @@ func TestBacklog(t *testing.T) {
 	}
 	if _, err := gone.Backlog(ctxT(t)); err == nil {
 		t.Error("Backlog of a deleted queue: no error")
+	}
+	if _, err := QueueDepth(ctxT(t), Config{URL: testURL(), Queue: name}); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("QueueDepth of a deleted queue = %v", err)
 	}
 }

@@ -922,3 +922,35 @@ func (s *Source) Close() error {
 	})
 	return nil
 }
+
+// QueueDepth returns the number of ready messages cfg.Queue holds, by a
+// passive queue.declare on a connection of its own that it closes before
+// returning: unlike a Source, it consumes nothing, so it may be called on a
+// queue live consumers read (the ackwise CLI's lag command samples it).
+// RabbitMQ counts ready messages only, not those delivered and not yet
+// acknowledged. A queue that does not exist is an error, never 0.
+func QueueDepth(ctx context.Context, cfg Config) (int, error) {
+	v, err := cfg.validate()
+	if err != nil {
+		return 0, err
+	}
+	ac, err := v.conn.dial(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer ac.Close()
+	var n int
+	err = withChannel(ac, func(ch *amqp.Channel) error {
+		q, err := ch.QueueDeclarePassive(v.Queue, true, false, false, false, nil)
+		n = q.Messages
+		return err
+	})
+	if err != nil {
+		var ae *amqp.Error
+		if errors.As(err, &ae) && ae.Code == amqp.NotFound {
+			return 0, fmt.Errorf("rabbitmq: depth of %q: the queue does not exist: %w", v.Queue, err)
+		}
+		return 0, fmt.Errorf("rabbitmq: depth of %q: %w", v.Queue, err)
+	}
+	return n, nil
+}

@@ -52,6 +52,9 @@ func init() {
 			return NewSink(ctx, cfg)
 		},
 	}
+	// A sink for a consumer's queue publishes to it; the consumer
+	// declares the topology.
+	o.SourceParams = append(append(params.Only(urlparam.Source), topologyParams...), "declare")
 	adapters.Register("amqp", o)
 	adapters.Register("amqps", o)
 	adapters.Register("rabbit", o)

@@ -20,7 +20,7 @@ func TestInspectLineQuotesTheEventID(t *testing.T) {
 	tb.add(t, forged, dlq.ReasonPermanent, ackwise.ClassPermanent, "boom")
 	memorytest.Publish(t, tb.b, tb.dead, &ackwise.Message{ID: "ev-2 x\n", Payload: []byte("p")}) // no envelope
 
-	code, out, errOut := ackwiseRun(t, "dlq", "inspect", "mem://"+tb.dead, "-idle", "300ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "inspect", "mem://"+tb.dead, "--idle", "300ms")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}

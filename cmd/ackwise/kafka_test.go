@@ -74,18 +74,18 @@ func TestKafkaRoundTrip(t *testing.T) {
 	// Inspecting twice with one group sees the same letters: nothing is
 	// committed.
 	for range 2 {
-		code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL("ops-inspect"), "-idle", kafkaIdle)
+		code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL("ops-inspect"), "--idle", kafkaIdle)
 		got := lines(out)
 		if code != exitOK || len(got) != 4 || !strings.HasPrefix(got[0], "e0 reason=permanent class=permanent attempts=1 source="+topic) ||
 			!strings.HasPrefix(got[3], "e3 reason=max-attempts") {
 			t.Fatalf("inspect: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 		}
 	}
-	code, out, errOut := ackwiseRun(t, "dlq", "redrive", deadURL("ops-redrive"), workURL, "-dry-run", "-reason", "permanent", "-idle", kafkaIdle)
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", deadURL("ops-redrive"), workURL, "--dry-run", "--reason", "permanent", "--idle", kafkaIdle)
 	if code != exitOK || !strings.Contains(out, "would move 3 ") || !strings.Contains(out, "skipped 1 ") {
 		t.Fatalf("dry run: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
-	code, out, errOut = ackwiseRun(t, "dlq", "redrive", deadURL("ops-redrive"), workURL, "-reason", "permanent", "-rate", "-1", "-idle", kafkaIdle)
+	code, out, errOut = ackwiseRun(t, "dlq", "redrive", "--yes", deadURL("ops-redrive"), workURL, "--reason", "permanent", "--rate", "-1", "--idle", kafkaIdle)
 	// The run ends at what the dead-letter queue held as it started
 	// (the source's Backlog), not at the idle timeout.
 	if code != exitOK || !strings.HasPrefix(out, "moved 3 ") || !strings.Contains(out, "skipped 1 ") || !strings.Contains(out, "stopped: backlog (received the 4 messages") {
@@ -123,7 +123,7 @@ func TestKafkaRoundTrip(t *testing.T) {
 	}
 
 	// The skipped record is still there for the next run of the group.
-	code, out, errOut = ackwiseRun(t, "dlq", "inspect", deadURL("ops-redrive"), "-idle", kafkaIdle)
+	code, out, errOut = ackwiseRun(t, "dlq", "inspect", deadURL("ops-redrive"), "--idle", kafkaIdle)
 	if code != exitOK || len(lines(out)) != 1 || !strings.HasPrefix(out, "e3 reason=max-attempts") {
 		t.Fatalf("inspect after redrive: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
 	"strings"
@@ -68,8 +69,14 @@ func (tb *testBundle) requireUntouched(t *testing.T, n int) {
 func ackwiseRun(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	code = run(args, &out, &errOut)
+	code = runContext(context.Background(), args, testEnv(&out, &errOut))
 	return code, out.String(), errOut.String()
+}
+
+// testEnv is the env of a run inside the test: no terminal, an empty
+// stdin, and mem:// URLs naming the test's own memory broker.
+func testEnv(stdout, stderr io.Writer) env {
+	return env{stdin: strings.NewReader(""), stdout: stdout, stderr: stderr, allowMem: true}
 }
 
 func lines(s string) []string {
@@ -88,7 +95,7 @@ func TestInspectPrintsAndReleases(t *testing.T) {
 	tb.add(t, "e2", dlq.ReasonMaxAttempts, ackwise.ClassTransient, long)
 	memorytest.Publish(t, tb.b, tb.dead, memorytest.Msg("plain", "", "x"))
 
-	code, out, errOut := ackwiseRun(t, "dlq", "inspect", "mem://"+tb.dead, "-n", "10", "-idle", "100ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "inspect", "mem://"+tb.dead, "-n", "10", "--idle", "100ms")
 	if code != exitOK || errOut != "" {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -113,7 +120,7 @@ func TestInspectPrintsAndReleases(t *testing.T) {
 	tb.requireUntouched(t, 3)
 
 	// -n bounds what is received; a second inspection sees the same letters.
-	code, out, _ = ackwiseRun(t, "dlq", "inspect", "-n", "1", "-idle", "100ms", "mem://"+tb.dead)
+	code, out, _ = ackwiseRun(t, "dlq", "inspect", "-n", "1", "--idle", "100ms", "mem://"+tb.dead)
 	if code != exitOK || len(lines(out)) != 1 || !strings.HasPrefix(out, "e1 ") {
 		t.Fatalf("exit %d, output %q", code, out)
 	}
@@ -124,7 +131,7 @@ func TestInspectJSON(t *testing.T) {
 	t.Parallel()
 	tb := setup(t)
 	tb.add(t, "e1", dlq.ReasonPermanent, ackwise.ClassPermanent, "boom")
-	code, out, errOut := ackwiseRun(t, "dlq", "inspect", "mem://"+tb.dead, "-json", "-idle", "100ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "inspect", "mem://"+tb.dead, "--json", "--idle", "100ms")
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -151,7 +158,7 @@ func TestStats(t *testing.T) {
 	tb.add(t, "p0", dlq.ReasonPermanent, ackwise.ClassPermanent, "bad")
 	memorytest.Publish(t, tb.b, tb.dead, memorytest.Msg("plain", "", "x"))
 
-	code, out, errOut := ackwiseRun(t, "dlq", "stats", "mem://"+tb.dead, "-idle", "100ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "stats", "mem://"+tb.dead, "--idle", "100ms")
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -168,7 +175,7 @@ func TestStats(t *testing.T) {
 			t.Fatalf("stats output lacks %q:\n%s", want, out)
 		}
 	}
-	code, out, _ = ackwiseRun(t, "dlq", "stats", "mem://"+tb.dead, "-idle", "100ms", "-json")
+	code, out, _ = ackwiseRun(t, "dlq", "stats", "mem://"+tb.dead, "--idle", "100ms", "--json")
 	var s statsOut
 	if err := json.Unmarshal([]byte(out), &s); err != nil || code != exitOK {
 		t.Fatalf("exit %d, %v in %q", code, err, out)
@@ -180,7 +187,7 @@ func TestStats(t *testing.T) {
 	tb.requireUntouched(t, 6)
 
 	// -n smaller than the depth: a sample of -n, not cut short.
-	code, out, _ = ackwiseRun(t, "dlq", "stats", "mem://"+tb.dead, "-idle", "100ms", "-n", "2")
+	code, out, _ = ackwiseRun(t, "dlq", "stats", "mem://"+tb.dead, "--idle", "100ms", "-n", "2")
 	if code != exitOK || !strings.Contains(out, "depth: 6 ") || !strings.Contains(out, "sample: 2 messages (dead letters: 2, without envelope: 0); 2 of 6 (-n 2)\n") {
 		t.Fatalf("exit %d, output:\n%s", code, out)
 	}
@@ -196,7 +203,7 @@ func TestRedrive(t *testing.T) {
 	from, to := "mem://"+tb.dead, "mem://"+tb.work
 
 	// A dry run prints what would move and moves nothing.
-	code, out, errOut := ackwiseRun(t, "dlq", "redrive", from, to, "-dry-run", "-reason", "permanent", "-idle", "100ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", from, to, "--dry-run", "--reason", "permanent", "--idle", "100ms")
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -211,7 +218,7 @@ func TestRedrive(t *testing.T) {
 		t.Fatalf("dry run published %d messages", len(msgs))
 	}
 
-	code, out, errOut = ackwiseRun(t, "dlq", "redrive", from, to, "-reason", "permanent", "-rate", "-1", "-idle", "100ms")
+	code, out, errOut = ackwiseRun(t, "dlq", "redrive", "--yes", from, to, "--reason", "permanent", "--rate", "-1", "--idle", "100ms")
 	if code != exitOK || !strings.HasPrefix(out, "moved 2 from ") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
@@ -231,7 +238,7 @@ func TestRedrive(t *testing.T) {
 	}
 
 	// -max bounds the move; -class filters on the error class.
-	code, out, _ = ackwiseRun(t, "dlq", "redrive", from, to, "-class", "transient", "-max", "1", "-idle", "100ms")
+	code, out, _ = ackwiseRun(t, "dlq", "redrive", "--yes", from, to, "--class", "transient", "--max", "1", "--idle", "100ms")
 	if code != exitOK || !strings.HasPrefix(out, "moved 1 ") || !strings.Contains(out, "stopped: max") {
 		t.Fatalf("exit %d, output %q", code, out)
 	}
@@ -245,7 +252,7 @@ func TestRedrivePublishFailureExits1(t *testing.T) {
 	if _, err := tb.b.InjectFault(tb.work, memory.Fault{Kind: memory.FaultFailPublish, Count: 1}); err != nil {
 		t.Fatal(err)
 	}
-	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "mem://"+tb.dead, "mem://"+tb.work, "-idle", "100ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", "mem://"+tb.dead, "mem://"+tb.work, "--idle", "100ms")
 	if code != exitFailed {
 		t.Fatalf("exit %d, want %d", code, exitFailed)
 	}
@@ -266,18 +273,18 @@ func TestUsageErrorsExit2(t *testing.T) {
 		{"dlq", "inspect", "mem://a", "mem://b"},
 		{"dlq", "inspect", "mem://a", "-n", "0"},
 		{"dlq", "inspect", "mem://a", "-n", "x"},
-		{"dlq", "inspect", "mem://a", "-bogus"},
-		{"dlq", "stats", "mem://a", "-idle", "0s"},
-		{"dlq", "redrive", "mem://a"},
-		{"dlq", "redrive", "mem://a", "mem://a"},
-		{"dlq", "redrive", "mem://a", "mem://b", "-rate", "-3"},
-		{"dlq", "redrive", "mem://a", "mem://b", "-rate", "0"},
-		{"dlq", "redrive", "mem://a", "mem://b", "-max", "-1"},
-		{"dlq", "redrive", "mem://a", "mem://b", "-max-held", "0"},
-		{"dlq", "redrive", "mem://a", "mem://b", "-publish-timeout", "0s"},
-		{"dlq", "redrive", "mem://a", "mem://b", "-max-redrives", "0"},
-		{"dlq", "redrive", "mem://a", "mem://b", "-max-redrives", "-1"},
-		{"dlq", "redrive", "mem://a", "mem://b", "-force=maybe"},
+		{"dlq", "inspect", "mem://a", "--bogus"},
+		{"dlq", "stats", "mem://a", "--idle", "0s"},
+		{"dlq", "redrive", "--yes", "mem://a"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://a"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://b", "--rate", "-3"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://b", "--rate", "0"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://b", "--max", "-1"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://b", "--max-held", "0"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://b", "--publish-timeout", "0s"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://b", "--max-redrives", "0"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://b", "--max-redrives", "-1"},
+		{"dlq", "redrive", "--yes", "mem://a", "mem://b", "--force=maybe"},
 	} {
 		code, out, errOut := ackwiseRun(t, args...)
 		if code != exitUsage || !strings.Contains(errOut, "usage: ackwise") || out != "" {
@@ -285,11 +292,11 @@ func TestUsageErrorsExit2(t *testing.T) {
 		}
 	}
 	// The option's own validation names the field and the value.
-	_, _, errOut := ackwiseRun(t, "dlq", "redrive", "mem://a", "mem://b", "-rate", "-3")
+	_, _, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", "mem://a", "mem://b", "--rate", "-3")
 	if !strings.Contains(errOut, "Rate = -3") {
 		t.Errorf("stderr %q does not name the bad rate", errOut)
 	}
-	for _, args := range [][]string{{"help"}, {"dlq", "-h"}, {"dlq", "redrive", "-h"}} {
+	for _, args := range [][]string{{"help"}, {"dlq", "-h"}, {"dlq", "redrive", "--yes", "-h"}} {
 		code, out, _ := ackwiseRun(t, args...)
 		if code != exitOK || !strings.Contains(out, "usage: ackwise") {
 			t.Errorf("%q: exit %d, stdout %q", args, code, out)
@@ -307,11 +314,11 @@ func TestErrorsNeverShowPasswords(t *testing.T) {
 	}{
 		{[]string{"dlq", "inspect", "nosuch://user:secret@h/q"}, exitFailed},
 		{[]string{"dlq", "stats", "amqp://user:secret@h:badport/q"}, exitFailed},
-		{[]string{"dlq", "redrive", "mem://" + tb.dead, "nosuch://user:secret@h/q", "-idle", "100ms"}, exitFailed},
-		{[]string{"dlq", "redrive", "nosuch://user:secret@h/q", "nosuch://user:secret@h/q"}, exitUsage},
+		{[]string{"dlq", "redrive", "--yes", "mem://" + tb.dead, "nosuch://user:secret@h/q", "--idle", "100ms"}, exitFailed},
+		{[]string{"dlq", "redrive", "--yes", "nosuch://user:secret@h/q", "nosuch://user:secret@h/q"}, exitUsage},
 		// A mem:// URL ignores userinfo: the run succeeds, and its summary
 		// names the URLs without the password.
-		{[]string{"dlq", "redrive", "mem://user:secret@" + tb.dead, "mem://user:secret@" + tb.work, "-idle", "100ms", "-v"}, exitOK},
+		{[]string{"dlq", "redrive", "--yes", "mem://user:secret@" + tb.dead, "mem://user:secret@" + tb.work, "--idle", "100ms", "-v"}, exitOK},
 	} {
 		code, out, errOut := ackwiseRun(t, tc.args...)
 		if code != tc.code {
@@ -356,7 +363,7 @@ func TestInterruptReleases(t *testing.T) {
 		cancel()
 	}()
 	var out, errOut bytes.Buffer
-	code := runContext(ctx, []string{"dlq", "redrive", "mem://" + tb.dead, "mem://" + tb.work, "-dry-run", "-idle", "1m"}, &out, &errOut)
+	code := runContext(ctx, []string{"dlq", "redrive", "--yes", "mem://" + tb.dead, "mem://" + tb.work, "--dry-run", "--idle", "1m"}, testEnv(&out, &errOut))
 	if code != exitFailed || !strings.Contains(errOut.String(), "context canceled") {
 		t.Fatalf("exit %d, stderr %q", code, errOut.String())
 	}
@@ -378,17 +385,17 @@ func TestRedriveLimitAndForce(t *testing.T) {
 		memorytest.Publish(t, tb.b, tb.dead, &ackwise.Message{ID: fmt.Sprint("c", i), Payload: []byte("p"), Headers: h})
 	}
 	from, to := "mem://"+tb.dead, "mem://"+tb.work
-	code, out, errOut := ackwiseRun(t, "dlq", "redrive", from, to, "-rate", "-1", "-idle", "100ms", "-max-redrives", "2")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", from, to, "--rate", "-1", "--idle", "100ms", "--max-redrives", "2")
 	if code != exitOK {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 	got := lines(out)
 	if len(got) != 3 || !strings.HasPrefix(got[0], "redrive-limit c2 ") || !strings.Contains(got[0], " redrives=2 ") ||
 		!strings.HasPrefix(got[1], "redrive-limit c3 ") || !strings.Contains(got[1], " redrives=x ") ||
-		!strings.HasPrefix(got[2], "moved 2 from ") || !strings.Contains(got[2], "; left 2 redriven 2 times already (-force moves them);") {
+		!strings.HasPrefix(got[2], "moved 2 from ") || !strings.Contains(got[2], "; left 2 redriven 2 times already (--force moves them);") {
 		t.Fatalf("output:\n%s", out)
 	}
-	code, out, errOut = ackwiseRun(t, "dlq", "redrive", from, to, "-rate", "-1", "-idle", "100ms", "-max-redrives", "2", "-force")
+	code, out, errOut = ackwiseRun(t, "dlq", "redrive", "--yes", from, to, "--rate", "-1", "--idle", "100ms", "--max-redrives", "2", "--force")
 	if code != exitOK || !strings.HasPrefix(out, "moved 2 from ") || strings.Contains(out, "; left") {
 		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
 	}

@@ -61,11 +61,11 @@ func deadLettersSharingAnEventID(t *testing.T, params string) {
 		}
 	}
 
-	code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL, "-idle", "300ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL, "--idle", "300ms")
 	if code != exitOK || len(lines(out)) != 3 {
 		t.Errorf("inspect: exit %d, want the 3 dead letters:\nstdout %s\nstderr %s", code, out, errOut)
 	}
-	code, out, errOut = ackwiseRun(t, "dlq", "redrive", deadURL, workURL, "-reason", "permanent", "-rate", "-1", "-idle", "300ms")
+	code, out, errOut = ackwiseRun(t, "dlq", "redrive", "--yes", deadURL, workURL, "--reason", "permanent", "--rate", "-1", "--idle", "300ms")
 	if code != exitOK || !strings.HasPrefix(out, "moved 2 ") || !strings.Contains(out, "skipped 1 ") {
 		t.Errorf("redrive -reason permanent: exit %d, want 2 moved and 1 skipped:\nstdout %s\nstderr %s", code, out, errOut)
 	}

@@ -22,7 +22,7 @@ func TestRabbitMQQuorumRedriveStartsAtAttemptOne(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs RabbitMQ")
 	}
-	_, queue := freshRabbitQueue(t, "ackwise-cli-quorum-")
+	conn, queue := freshRabbitQueue(t, "ackwise-cli-quorum-")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	workURL := rabbitURL() + "/" + queue
@@ -53,11 +53,15 @@ func TestRabbitMQQuorumRedriveStartsAtAttemptOne(t *testing.T) {
 
 	// Two inspections release the dead letter twice.
 	for range 2 {
-		if code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL, "-idle", "300ms"); code != exitOK || len(lines(out)) != 1 {
+		if code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL, "--idle", "300ms"); code != exitOK || len(lines(out)) != 1 {
 			t.Fatalf("inspect: exit %d\n%s\n%s", code, out, errOut)
 		}
 	}
-	if code, out, errOut := ackwiseRun(t, "dlq", "redrive", deadURL, workURL, "-rate", "-1", "-idle", "300ms"); code != exitOK || !strings.HasPrefix(out, "moved 1 ") {
+	// A quorum queue takes the last release back through its log after
+	// the inspection returned: the redrive's count waits for it.
+	ch := declareQueues(t, conn)
+	waitRabbitReady(t, ch, queue+".dlq", 1)
+	if code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", deadURL, workURL, "--rate", "-1", "--idle", "300ms"); code != exitOK || !strings.HasPrefix(out, "moved 1 ") {
 		t.Fatalf("redrive: exit %d\n%s\n%s", code, out, errOut)
 	}
 

@@ -81,7 +81,7 @@ func TestRabbitMQRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL, "-idle", "300ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "inspect", deadURL, "--idle", "300ms")
 	if code != exitOK || len(lines(out)) != 4 || !strings.HasPrefix(out, "e0 reason=permanent class=permanent attempts=1 source="+queue) {
 		t.Fatalf("inspect: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
@@ -90,11 +90,11 @@ func TestRabbitMQRoundTrip(t *testing.T) {
 	}
 	// A dry run sees each message once although RabbitMQ requeues a
 	// released message at once.
-	code, out, errOut = ackwiseRun(t, "dlq", "redrive", deadURL, workURL, "-dry-run", "-reason", "permanent", "-idle", "300ms")
+	code, out, errOut = ackwiseRun(t, "dlq", "redrive", "--yes", deadURL, workURL, "--dry-run", "--reason", "permanent", "--idle", "300ms")
 	if code != exitOK || !strings.Contains(out, "would move 3 ") || !strings.Contains(out, "skipped 1 ") {
 		t.Fatalf("dry run: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
-	code, out, errOut = ackwiseRun(t, "dlq", "redrive", deadURL, workURL, "-reason", "permanent", "-rate", "-1", "-idle", "300ms")
+	code, out, errOut = ackwiseRun(t, "dlq", "redrive", "--yes", deadURL, workURL, "--reason", "permanent", "--rate", "-1", "--idle", "300ms")
 	// The run ends at what the dead-letter queue held as it started
 	// (the source's Backlog), not at the idle timeout.
 	if code != exitOK || !strings.HasPrefix(out, "moved 3 ") || !strings.Contains(out, "skipped 1 ") || !strings.Contains(out, "stopped: backlog (received the 4 messages") {

@@ -16,8 +16,9 @@ import (
 )
 
 // nativeFlags are the redrive flags -native takes: SQS's move task has a
-// rate and nothing else (no filter, count, dry run or timeouts).
-var nativeFlags = []string{"native", "rate"}
+// rate and nothing else (no filter, count, dry run or timeouts); --yes
+// confirms the run.
+var nativeFlags = []string{"native", "rate", "yes"}
 
 // nativeArgs checks the flags set (by name) with -native and returns the
 // move task's rate from -rate: whole messages a second, 1 to 500; -1 (no
@@ -30,7 +31,7 @@ func nativeArgs(set []string, rate float64) (int, error) {
 		}
 	}
 	if len(bad) > 0 {
-		return 0, fmt.Errorf("-native takes only -rate: SQS's move task moves every message as it is (%s not taken)", strings.Join(bad, ", "))
+		return 0, fmt.Errorf("-native takes only -rate (and -yes): SQS's move task moves every message as it is (%s not taken)", strings.Join(bad, ", "))
 	}
 	switch {
 	case rate == -1:

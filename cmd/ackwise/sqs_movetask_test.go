@@ -71,7 +71,7 @@ func TestSQSNativeRedrive(t *testing.T) {
 	deadLetterAll(t, ctx, src, dead, consumer.Config{Name: "billing", Concurrency: 16, Retry: retry.Policy{MaxAttempts: 1}})
 	src.Close()
 
-	code, out, errOut := ackwiseRun(t, "dlq", "redrive", dead, work, "-native", "-rate", "100")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", dead, work, "-native", "-rate", "100", "--yes")
 	if code != exitOK || !strings.Contains(out, "\nmoved 300 from ") || !strings.Contains(out, "(status COMPLETED, rate 100/s)") || !strings.HasPrefix(out, "moving: ") {
 		t.Fatalf("redrive -native: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}

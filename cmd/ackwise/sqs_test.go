@@ -38,7 +38,7 @@ func sqsQueues(t *testing.T, ctx context.Context) (c *sqs.Client, work, dead str
 	c = sqs.NewFromConfig(cfg, func(o *sqs.Options) { o.BaseEndpoint = aws.String(sqsEndpoint) })
 	name := fmt.Sprintf("cli-%d-%d", time.Now().UnixNano(), seq.Add(1))
 	var urls []string
-	for _, q := range []string{name, name + "-dlq"} {
+	for _, q := range []string{name, name + "--dlq"} {
 		out, err := c.CreateQueue(ctx, &sqs.CreateQueueInput{QueueName: aws.String(q)})
 		if err != nil {
 			t.Fatal(err)
@@ -100,24 +100,24 @@ func TestSQSStatsAndRedrive(t *testing.T) {
 		t.Fatalf("the work queue holds %d messages after the run, want 0", n)
 	}
 
-	code, out, errOut := ackwiseRun(t, "dlq", "inspect", dead+sqsWait, "-n", "3", "-idle", "2s")
+	code, out, errOut := ackwiseRun(t, "dlq", "inspect", dead+sqsWait, "-n", "3", "--idle", "2s")
 	if code != exitOK || len(lines(out)) != 3 || !strings.Contains(out, " reason=permanent class=permanent attempts=1 source=") {
 		t.Fatalf("inspect: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
-	code, out, errOut = ackwiseRun(t, "dlq", "stats", dead+sqsWait, "-n", "300", "-idle", "2s")
+	code, out, errOut = ackwiseRun(t, "dlq", "stats", dead+sqsWait, "-n", "300", "--idle", "2s")
 	if code != exitOK || !strings.HasPrefix(out, "depth: 300 (the broker's count)\n") ||
 		!strings.Contains(out, "sample: 300 messages (dead letters: 300, without envelope: 0)\n") ||
 		!strings.Contains(out, "event IDs: 300 distinct (copies: 0;") || !strings.Contains(out, "  permanent ") {
 		t.Fatalf("stats: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}
 	missing := strings.Replace(dead, "-dlq?", "-missing?", 1)
-	code, out, errOut = ackwiseRun(t, "dlq", "stats", missing+sqsWait, "-idle", "500ms")
+	code, out, errOut = ackwiseRun(t, "dlq", "stats", missing+sqsWait, "--idle", "500ms")
 	if code != exitFailed || out != "" || !strings.Contains(errOut, "not exist") {
 		t.Fatalf("stats of a missing queue: exit %d, want %d\nstdout %s\nstderr %s", code, exitFailed, out, errOut)
 	}
 
 	// The run ends at what the dead-letter queue held as it started.
-	code, out, errOut = ackwiseRun(t, "dlq", "redrive", dead+sqsWait, work, "-rate", "-1", "-idle", "2s")
+	code, out, errOut = ackwiseRun(t, "dlq", "redrive", "--yes", dead+sqsWait, work, "--rate", "-1", "--idle", "2s")
 	if code != exitOK || !strings.HasPrefix(out, "moved 300 ") || !strings.Contains(out, "failed 0;") || !strings.Contains(out, "stopped: backlog (received the 300 messages") {
 		t.Fatalf("redrive: exit %d\nstdout %s\nstderr %s", code, out, errOut)
 	}

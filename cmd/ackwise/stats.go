@@ -8,6 +8,8 @@ import (
 	"io"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/dlq"
 )
@@ -41,17 +43,29 @@ type statsOut struct {
 	Stop             string   `json:"stop"`
 }
 
-func cmdStats(ctx context.Context, args []string, stdout io.Writer) error {
-	c := newCommand("stats", "ackwise dlq stats <source-url> [-n 1000] [-json] [-idle 2s]")
-	a, err := parseSample(c, args, 1000, "print one JSON object")
-	if err != nil {
-		return err
+func statsCmd(e env) *cobra.Command {
+	var a sampleArgs
+	c := &cobra.Command{
+		Use:   "stats <source-url> [-n 1000] [--json] [--idle 2s]",
+		Short: "depth by the broker, counts by reason, error class and source; consumes nothing",
+		Args:  positional("<source-url>"),
+		RunE: func(c *cobra.Command, args []string) error {
+			if err := a.check(c, e, args); err != nil {
+				return err
+			}
+			return stats(c.Context(), e.stdout, a)
+		},
 	}
+	sampleFlags(c, &a, 1000, "print one JSON object")
+	return c
+}
+
+func stats(ctx context.Context, stdout io.Writer, a sampleArgs) error {
 	var (
 		depth = -1
 		res   dlq.InspectResult
 	)
-	err = withSource(ctx, a.url, func(src adapters.Source) error {
+	err := withSource(ctx, a.url, func(src adapters.Source) error {
 		// The depth first: a RabbitMQ source counts only until it has
 		// received (see rabbitmq.Source.Backlog).
 		if b, ok := src.(dlq.Backlogger); ok {
@@ -61,6 +75,7 @@ func cmdStats(ctx context.Context, args []string, stdout io.Writer) error {
 			}
 			depth = n
 		}
+		var err error
 		res, err = sampleFrom(ctx, src, a.url, a.n, a.idle)
 		return err
 	})
@@ -131,7 +146,7 @@ func printStats(w io.Writer, s statsOut, stop dlq.StopReason, a sampleArgs) {
 	fmt.Fprintf(w, "sample: %d messages (dead letters: %d, without envelope: %d)", s.Messages, s.DeadLetters, s.NoEnvelope)
 	switch {
 	case s.SampleCutShort:
-		fmt.Fprintf(w, "; cut short: %d of %d, none came within -idle %v (RabbitMQ delivers no more than its prefetch, 128 unless the URL's ?prefetch= says more; SQS counts the messages in flight, which come back when their visibility timeout ends; else raise -idle)", s.Messages, min(*s.Depth, a.n), a.idle)
+		fmt.Fprintf(w, "; cut short: %d of %d, none came within --idle %v (RabbitMQ delivers no more than its prefetch, 128 unless the URL's ?prefetch= says more; SQS counts the messages in flight, which come back when their visibility timeout ends; else raise --idle)", s.Messages, min(*s.Depth, a.n), a.idle)
 	case s.Depth != nil && s.Messages < *s.Depth:
 		fmt.Fprintf(w, "; %d of %d (-n %d)", s.Messages, *s.Depth, a.n)
 	}

@@ -16,7 +16,7 @@ func TestMalformedURLDoesNotPrintPassword(t *testing.T) {
 		"amqp://ops:Sup3rSecret?x@broker:5672/orders.dlq?plain=true",
 		"kafka://ops:1234/Sup3rSecret@broker:9092/orders.dlq?group=g",
 	} {
-		code, out, errOut := ackwiseRun(t, "dlq", "inspect", u, "-idle", "100ms")
+		code, out, errOut := ackwiseRun(t, "dlq", "inspect", u, "--idle", "100ms")
 		if strings.Contains(out+errOut, "Sup3rSecret") {
 			t.Errorf("%s: exit %d, printed the password:\nstdout %q\nstderr %q", u, code, out, errOut)
 		}
@@ -30,7 +30,7 @@ func TestMalformedURLDoesNotPrintPassword(t *testing.T) {
 func TestRedriveRefusesSameDestination(t *testing.T) {
 	tb := setup(t)
 	tb.add(t, "e1", "permanent", 2, "bad")
-	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "mem://"+tb.dead, "mem://"+tb.dead+"/", "-idle", "100ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", "mem://"+tb.dead, "mem://"+tb.dead+"/", "--idle", "100ms")
 	if code != exitUsage {
 		t.Errorf("redrive into the same queue spelt differently: exit %d, want a usage error:\nstdout %q\nstderr %q", code, out, errOut)
 	}
@@ -48,7 +48,7 @@ func TestDryRunOpensTarget(t *testing.T) {
 	tb := setup(t)
 	tb.add(t, "e1", "permanent", 2, "bad")
 	for _, target := range []string{"nosuch://x/y", "kafka://broker:9092/orders?tier=1m", "kafka://broker:9092/bad topic"} {
-		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "mem://"+tb.dead, target, "-dry-run", "-idle", "100ms")
+		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", "mem://"+tb.dead, target, "--dry-run", "--idle", "100ms")
 		if code == exitOK {
 			t.Errorf("%s: dry run exit 0 for a target the real run cannot open:\nstdout %q\nstderr %q", target, out, errOut)
 		}
@@ -62,7 +62,7 @@ func TestEmptyFilterValueIsUsageError(t *testing.T) {
 	tb := setup(t)
 	tb.add(t, "e1", "permanent", 2, "bad")
 	tb.add(t, "e2", "max-attempts", 1, "bad")
-	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "mem://"+tb.dead, "mem://"+tb.work, "-reason", "", "-idle", "100ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", "mem://"+tb.dead, "mem://"+tb.work, "--reason", "", "--idle", "100ms")
 	if code != exitUsage {
 		t.Errorf("-reason \"\": exit %d, want a usage error:\nstdout %q\nstderr %q", code, out, errOut)
 	}
@@ -76,12 +76,12 @@ func TestRedriveRefusesSameRabbitQueueSpeltOtherwise(t *testing.T) {
 		"rabbit://guest:guest@127.0.0.1:1/q.dlq",
 		"AMQP://guest:guest@127.0.0.1:1/q.dlq",
 	} {
-		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "amqp://guest:guest@127.0.0.1:1/q.dlq?plain=true", target, "-idle", "100ms")
+		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", "amqp://guest:guest@127.0.0.1:1/q.dlq?plain=true", target, "--idle", "100ms")
 		if code != exitUsage {
 			t.Errorf("redrive into %s: exit %d, want a usage error:\nstdout %q\nstderr %q", target, code, out, errOut)
 		}
 	}
-	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "amqp://guest:guest@localhost/q.dlq?plain=true", "amqp://guest:guest@localhost:5672/q.dlq", "-idle", "100ms")
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", "amqp://guest:guest@localhost/q.dlq?plain=true", "amqp://guest:guest@localhost:5672/q.dlq", "--idle", "100ms")
 	if code != exitUsage {
 		t.Errorf("redrive into the default port spelt out: exit %d, want a usage error:\nstdout %q\nstderr %q", code, out, errOut)
 	}
@@ -99,7 +99,7 @@ func TestRedriveRefusesRabbitTargetNamingTheQueueAsRoutingKey(t *testing.T) {
 		"amqp://guest:guest@127.0.0.1:1?routing_key=q.dlq",
 		"amqp://guest:guest@127.0.0.1:1/q?declare=true&routing_key=q.dlq",
 	} {
-		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "amqp://guest:guest@127.0.0.1:1/q.dlq?plain=true", target, "-idle", "100ms")
+		code, out, errOut := ackwiseRun(t, "dlq", "redrive", "--yes", "amqp://guest:guest@127.0.0.1:1/q.dlq?plain=true", target, "--idle", "100ms")
 		if code != exitUsage {
 			t.Errorf("redrive into %s: exit %d, want a usage error:\nstdout %q\nstderr %q", target, code, out, errOut)
 		}

@@ -156,6 +156,18 @@ func (t *Table) Adapter() string { return t.adapter }
 // Params returns the parameters, in the order NewTable got them.
 func (t *Table) Params() []Param { return slices.Clone(t.params) }
 
+// Only returns the names of the parameters for side alone (Source: those
+// a sink does not take), in table order: adapters.Opener.SourceParams.
+func (t *Table) Only(side Side) []string {
+	var out []string
+	for _, p := range t.params {
+		if p.Side == side {
+			out = append(out, p.Name)
+		}
+	}
+	return out
+}
+
 // Names returns the parameter names for side (Both: all), in table order.
 func (t *Table) Names(side Side) []string {
 	var out []string
