@@ -38,6 +38,10 @@ func init() {
 			cfg.Logger = o.Logger
 			return NewSink(ctx, cfg)
 		},
+		// A subscription URL is not a topic URL, so a worker's source URL is
+		// no redrive target as it is; the parameters are dropped all the same
+		// from a topic URL a source's parameters were copied onto.
+		SourceParams: params.Only(urlparam.Source),
 	})
 }
 

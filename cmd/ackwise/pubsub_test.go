@@ -149,7 +149,7 @@ func TestPubSubStatsAndRedrive(t *testing.T) {
 	// a closing client, and comes back after its ack deadline: run the
 	// redrive again until every one moved, as an operator would.
 	for moved := 0; moved < n; {
-		code, out, errOut = ackwiseRun(t, "dlq", "redrive", dead, target, "-rate", "-1", "-idle", "2s")
+		code, out, errOut = ackwiseRun(t, "dlq", "redrive", dead, target, "-rate", "-1", "-idle", "2s", "--yes")
 		var k int
 		if _, err := fmt.Sscanf(out, "moved %d ", &k); err != nil || code != exitOK || !strings.Contains(out, "failed 0;") || ctx.Err() != nil {
 			t.Fatalf("redrive after %d moved: exit %d\nstdout %s\nstderr %s", moved, code, out, errOut)
