@@ -67,7 +67,9 @@ type Consumer struct {
 	lanes    lanes
 	holds    holds
 	leases   leases
+	ages     ages          // for the lag gauge (metrics.go)
 	breaker  *breakerState // nil without Config.Breaker
+	gauges   *gauges       // nil unless Config.Observer is NewMetrics' and this consumer's
 
 	settleCtx  context.Context // set by Run before its goroutines start
 	handlerCtx context.Context // set by Run before its goroutines start
@@ -148,6 +150,12 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		inner = cfg.Inbox(inner)
 	}
 	c.h = inner
+	if m, ok := cfg.Observer.(*metrics); ok {
+		// NewMetrics' Observer also observes this consumer's gauges (and
+		// turns on the lag's table).
+		c.gauges = m.claimGauges(c)
+		c.ages.on = c.gauges != nil
+	}
 	return c, nil
 }
 
@@ -209,6 +217,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.pace.reset()
 	if c.invalid != nil {
 		c.invalid.OnInvalid(c.wakeInvalid)
+	}
+	if c.gauges != nil {
+		defer c.gauges.start()()
 	}
 
 	quit := make(chan struct{})   // workers and the stall watch

@@ -90,6 +90,9 @@ type task struct {
 	// moves counts the failed tries of a move (Nack, DeadLetter) waiting
 	// in place to be tried again (holds.moves holds it); 0: none.
 	moves uint8
+	// age is the message's slot in Consumer.ages, for the lag gauge; 0:
+	// none (ages is off).
+	age int32
 }
 
 // chunk is a batch of tasks for one worker. Its tasks are of different
@@ -145,7 +148,7 @@ type ran struct {
 func (p *pool) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
 	c := p.c
 	now := time.Time{}
-	if c.leases.on {
+	if c.leases.on || c.ages.on {
 		now = c.clock.Now()
 	}
 	var late []*ackwise.Message
@@ -193,14 +196,15 @@ func (p *pool) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
 			// here, it could reach the broker before them.
 		}
 		c.leases.startLocked(m, now)
+		age := c.ages.startLocked(m, now)
 		if ln != nil {
 			if ln.busy {
-				ln.push(m)
+				ln.push(m, age)
 				continue
 			}
 			ln.busy = true
 		}
-		all.tasks = append(all.tasks, task{msg: m, ln: ln})
+		all.tasks = append(all.tasks, task{msg: m, ln: ln, age: age})
 	}
 	if len(late) > 0 {
 		c.finishedLocked() // their in-flight slots are free

@@ -51,7 +51,7 @@ type partKey struct {
 // flight. An idle lane stays in its map, so that the next message of its key
 // finds it without a map insert, until the map holds lanes.limit lanes.
 type lane struct {
-	queue []*ackwise.Message
+	queue []queued
 	head  int
 	busy  bool // a message of the lane is in flight and not finished
 	// returnedAt is lanes.returns when a message of the lane last went
@@ -63,36 +63,43 @@ type lane struct {
 	returned   msgID
 }
 
-// push queues m behind the lane's message in flight. A lane that stays busy
+// queued is a message waiting in its lane, with its slot in Consumer.ages.
+type queued struct {
+	msg *ackwise.Message
+	age int32
+}
+
+// push queues m, whose slot in Consumer.ages is age, behind the lane's message in flight. A lane that stays busy
 // through a backlog never resets its queue (next does when it goes idle),
 // so the messages still waiting are moved to the front before the queue
 // would grow: its room stays within twice the messages waiting (fewer than
 // MaxInFlight), not one slot per message ever queued (invariant 6). Caller
 // holds c.mu.
-func (ln *lane) push(m *ackwise.Message) {
+func (ln *lane) push(m *ackwise.Message, age int32) {
 	if ln.head > 0 && len(ln.queue) == cap(ln.queue) {
 		n := copy(ln.queue, ln.queue[ln.head:])
 		clear(ln.queue[n:])
 		ln.queue, ln.head = ln.queue[:n], 0
 	}
-	ln.queue = append(ln.queue, m)
+	ln.queue = append(ln.queue, queued{m, age})
 }
 
-// next takes the lane's next message as the one in flight finishes; when
-// none waits, the lane goes idle and next returns nil. Caller holds c.mu.
-func (ln *lane) next() *ackwise.Message {
+// next takes the lane's next message (and its slot in Consumer.ages) as
+// the one in flight finishes; when none waits, the lane goes idle and next
+// returns nil. Caller holds c.mu.
+func (ln *lane) next() (*ackwise.Message, int32) {
 	if ln.head < len(ln.queue) {
-		m := ln.queue[ln.head]
-		ln.queue[ln.head] = nil
+		q := ln.queue[ln.head]
+		ln.queue[ln.head] = queued{}
 		ln.head++
-		return m
+		return q.msg, q.age
 	}
 	ln.busy = false
 	ln.queue, ln.head = ln.queue[:0], 0
 	if cap(ln.queue) > 16 {
 		ln.queue = nil
 	}
-	return nil
+	return nil, 0
 }
 
 // ofLocked returns msg's lane, creating it, or nil when msg is not

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/scope"
 )
 
 // Instrument names and attribute keys of the [Observer] returned by
@@ -30,6 +31,38 @@ const (
 	// move tried again ({message}).
 	MetricRedeliveries = "ackwise.consumer.redeliveries"
 
+	// The gauges below are observed while Run runs, for the consumer whose
+	// Config.Observer is the Observer of NewMetrics (see NewMetrics).
+
+	// MetricLagAge is the age of the oldest message in flight, per source,
+	// in seconds: now less its broker timestamp (Message.PublishedAt), or
+	// less when the engine received it where the broker gave none; 0 when
+	// none of the source's messages is in flight.
+	MetricLagAge = "ackwise.consumer.lag.age"
+	// MetricLagMessages is the backlog the source's broker reports
+	// (WithBacklog), in messages.
+	MetricLagMessages = "ackwise.consumer.lag.messages"
+	// MetricDrainTime is the estimated time to drain the backlog, in
+	// seconds (EstimateDrain over the WithBacklog samples); -1 when the
+	// backlog does not shrink.
+	MetricDrainTime = "ackwise.consumer.lag.drain_time"
+	// MetricInFlight is the number of messages received and not yet
+	// settled (Stats.InFlight).
+	MetricInFlight = "ackwise.consumer.in_flight"
+	// MetricWaiting is the number of messages waiting in place, in flight
+	// without a worker: retries in place, held redeliveries of messages
+	// whose settle failed, failed moves waiting to be tried again.
+	MetricWaiting = "ackwise.consumer.waiting"
+	// MetricBreakerHeld is the number of messages the open breaker holds
+	// (Stats.Held).
+	MetricBreakerHeld = "ackwise.consumer.breaker.held"
+	// MetricBreakerState is the breaker's state: BreakerClosed (0),
+	// BreakerHalfOpen (1: open, a probe running) or BreakerOpen (2).
+	MetricBreakerState = "ackwise.consumer.breaker.state"
+	// MetricBreakerTrips counts how often the breaker opened
+	// (Stats.BreakerTrips).
+	MetricBreakerTrips = "ackwise.consumer.breaker.trips"
+
 	// AttrOutcome is the outcome name (Outcome.String: acked, retried,
 	// dead-lettered, discarded, released, settle-failed).
 	AttrOutcome = "ackwise.outcome"
@@ -41,7 +74,15 @@ const (
 )
 
 // MeterName is the instrumentation scope name of the meter NewMetrics uses.
+// Its version is ackwise's module version, from the build info.
 const MeterName = "github.com/ackwise/ackwise/consumer"
+
+// Values of MetricBreakerState.
+const (
+	BreakerClosed   = 0
+	BreakerHalfOpen = 1 // open, a probe running
+	BreakerOpen     = 2
+)
 
 // maxCachedSources bounds the attribute sets kept per source. Sources are
 // topics and queues, few in practice; past the bound, sets are built per call
@@ -64,6 +105,13 @@ type metrics struct {
 	// atomic load and no lock.
 	sources atomic.Pointer[map[string]*sourceOpts]
 	mu      sync.Mutex // serializes writers of sources
+
+	meter  metric.Meter
+	gauges gaugeInstruments
+	opts   metricsOptions
+	// claimed is set by the first consumer given this Observer (New): the
+	// gauges describe one consumer.
+	claimed atomic.Bool
 }
 
 // sourceOpts holds the measurement options of one source, built once.
@@ -74,7 +122,8 @@ type sourceOpts struct {
 }
 
 // NewMetrics returns an [Observer] that records every outcome with the
-// OpenTelemetry meter provider mp, for Config.Observer:
+// OpenTelemetry meter provider mp, for Config.Observer, and the consumer's
+// gauges while Run runs (see below):
 //
 //   - ackwise.consumer.messages (counter, {message}): one per outcome, with
 //     attributes ackwise.outcome, messaging.destination.name (the source)
@@ -90,24 +139,62 @@ type sourceOpts struct {
 //     retry is reported under the attempt that failed, and its next
 //     attempt is numbered when it wakes).
 //
+// Given as Config.Observer itself (not wrapped in an Observer of one's own),
+// it also observes, while Run runs, the gauges of that consumer, each with
+// the attribute ackwise.consumer.name:
+//
+//   - ackwise.consumer.lag.age (gauge, s), per messaging.destination.name:
+//     the age of the oldest message in flight (received, not yet settled),
+//     from its broker timestamp (Message.PublishedAt: the Kafka record
+//     timestamp, the AMQP timestamp property, SQS SentTimestamp, the Pub/Sub
+//     publish time), or from when the engine received it where the broker
+//     gave none; 0 once none of the source's messages is in flight. A
+//     timestamp later than its receipt counts from the receipt. Messages
+//     the broker has not delivered yet are not seen: their count is
+//     ackwise.consumer.lag.messages;
+//   - ackwise.consumer.lag.messages (gauge, {message}) and
+//     ackwise.consumer.lag.drain_time (gauge, s; -1 while the backlog does
+//     not shrink), with WithBacklog only;
+//   - ackwise.consumer.in_flight, ackwise.consumer.waiting (up-down
+//     counters, {message}): messages in flight, and those of them waiting
+//     in place (a retry in place, a held redelivery, a failed move);
+//   - with Config.Breaker: ackwise.consumer.breaker.held (up-down counter,
+//     {message}), ackwise.consumer.breaker.state (gauge: BreakerClosed,
+//     BreakerHalfOpen, BreakerOpen) and ackwise.consumer.breaker.trips
+//     (counter, {trip}).
+//
+// The gauges describe one consumer: an Observer given to several consumers
+// observes the gauges of the first one created with it (New logs a warning
+// for the others), and counts the outcomes of all. Keeping the lag costs
+// dispatch a slot per message in a table the engine already locks for it,
+// no allocation; a collection reads the table under the engine's lock.
+//
 // consumerName should be the consumer's Config.Name; empty means
 // DefaultName. A nil mp means a no-op provider. Nothing global is read or
-// set.
+// set. An invalid option is an error naming it.
 //
 // The Observer is safe for concurrent use. Attribute sets are built once
 // per source (up to 256 sources), under a lock taken only on a source's
 // first message; after that Observe takes no lock of its own and does not
 // allocate beyond what the provider's instruments do (none with the
 // OpenTelemetry SDK).
-func NewMetrics(mp metric.MeterProvider, consumerName string) (Observer, error) {
+func NewMetrics(mp metric.MeterProvider, consumerName string, opts ...MetricsOption) (Observer, error) {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
 	if consumerName == "" {
 		consumerName = DefaultName
 	}
-	meter := mp.Meter(MeterName)
-	m := &metrics{consumer: attribute.String(AttrConsumer, consumerName)}
+	meter := mp.Meter(MeterName, metric.WithInstrumentationVersion(scope.Version()))
+	m := &metrics{consumer: attribute.String(AttrConsumer, consumerName), meter: meter}
+	for _, o := range opts {
+		if o != nil {
+			o(&m.opts)
+		}
+	}
+	if err := m.opts.validate(); err != nil {
+		return nil, err
+	}
 	var err, e error
 	m.messages, e = meter.Int64Counter(MetricMessages,
 		metric.WithUnit("{message}"),
@@ -121,7 +208,7 @@ func NewMetrics(mp metric.MeterProvider, consumerName string) (Observer, error) 
 	m.redeliv, e = meter.Int64Counter(MetricRedeliveries,
 		metric.WithUnit("{message}"),
 		metric.WithDescription("Handled deliveries that were not the first attempt."))
-	err = errors.Join(err, e)
+	err = errors.Join(err, e, m.gauges.create(meter))
 	if err != nil {
 		return nil, errors.Join(errors.New("consumer: creating metric instruments"), err)
 	}

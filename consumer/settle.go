@@ -293,6 +293,7 @@ func (c *Consumer) invoke(ctx context.Context, msg *ackwise.Message) (err error)
 // held.
 func (c *Consumer) finishLocked(t task) (task, bool) {
 	c.leases.endLocked(t.msg)
+	c.ages.endLocked(t.age)
 	c.inflight--
 	if b := c.breaker; b != nil && t.msg == b.probing {
 		b.probeEndedLocked()
@@ -300,8 +301,8 @@ func (c *Consumer) finishLocked(t task) (task, bool) {
 	if t.ln == nil {
 		return task{}, false
 	}
-	if next := t.ln.next(); next != nil {
-		return task{msg: next, ln: t.ln}, true
+	if next, age := t.ln.next(); next != nil {
+		return task{msg: next, ln: t.ln, age: age}, true
 	}
 	return task{}, false
 }
