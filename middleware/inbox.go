@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/ackwise/ackwise"
 )
 
@@ -78,8 +80,12 @@ type InboxConfig struct {
 	AllowMissingKey bool
 	// OnDuplicate, when set, is called for each message acknowledged without
 	// running the handler because its event was already handled (for a
-	// metric). It must be fast and safe for concurrent use.
+	// metric of one's own). It must be fast and safe for concurrent use.
 	OnDuplicate func(ctx context.Context, msg *ackwise.Message)
+	// MeterProvider, when set, counts the duplicates absorbed in
+	// ackwise.consumer.inbox.duplicates (MetricInboxDuplicates), meter scope
+	// MeterName. Nil: no metric.
+	MeterProvider metric.MeterProvider
 	// Logger receives a Debug record per duplicate and a Warn record when a
 	// rollback fails. Nil discards.
 	Logger *slog.Logger
@@ -119,6 +125,10 @@ func Inbox(store InboxStore, cfg InboxConfig) (ackwise.Middleware, error) {
 		keyFunc = func(msg *ackwise.Message) (string, error) { return msg.EventID(), nil }
 	}
 	logger := orDiscard(cfg.Logger)
+	dups, err := newDuplicateCounter(cfg.MeterProvider, cfg.Consumer)
+	if err != nil {
+		return nil, err
+	}
 	return func(next ackwise.Handler) ackwise.Handler {
 		return ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
 			id, err := keyFunc(msg)
@@ -142,6 +152,7 @@ func Inbox(store InboxStore, cfg InboxConfig) (ackwise.Middleware, error) {
 				if cfg.OnDuplicate != nil {
 					cfg.OnDuplicate(ctx, msg)
 				}
+				dups.add(ctx, msg.Source)
 				return nil
 			}
 			// For InboxIdempotencyKey: the ID KeyFunc gave, which the
