@@ -18,6 +18,12 @@
 // traceparent yet (a forwarded message keeps the trace it started in), so
 // consumers using middleware.Tracing continue the producer's trace.
 //
+// With Config.TracerProvider each Publish call is a producer span
+// ("publish <destination>", the OpenTelemetry messaging conventions), and
+// the traceparent written is that span's; with Config.MeterProvider the
+// messages confirmed and failed (by error class) and the call's duration
+// are recorded (MetricPublished, MetricFailed, MetricPublishDuration).
+//
 // The transactional outbox, for publishing as part of a database write, will
 // live in producer/outbox.
 package producer

@@ -8,6 +8,8 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
@@ -28,6 +30,27 @@ type Config struct {
 	Retry retry.Policy
 	// NewID returns a new event ID. Default NewEventID (a UUIDv7).
 	NewID func() string
+
+	// MeterProvider, when set, records ackwise.producer.published,
+	// ackwise.producer.failed (by error.type, the error's class) and
+	// ackwise.producer.publish.duration; see MetricPublished. Nil: no
+	// metrics.
+	MeterProvider metric.MeterProvider
+	// TracerProvider, when set, wraps each Publish call in a span of kind
+	// producer named "publish <Destination>" ("publish" without one), with
+	// messaging.operation.type "send" and messaging.operation.name
+	// "publish" (the OpenTelemetry messaging conventions), the destination
+	// and system attributes, and messaging.message.id (one message) or
+	// messaging.batch.message_count; the messages' traceparent is then this
+	// span's, so the consumer's span follows it. Nil: no span, and the
+	// messages carry the trace context of ctx as it is.
+	TracerProvider trace.TracerProvider
+	// Destination names the sink's topic or queue in the span and the
+	// metrics (messaging.destination.name). Default empty: left out.
+	Destination string
+	// System is messaging.system in the span and the metrics ("kafka",
+	// "rabbitmq", "aws_sqs", "gcp_pubsub"). Default empty: left out.
+	System string
 }
 
 // Publisher publishes messages through a sink with stable event IDs. It is
@@ -36,6 +59,7 @@ type Publisher struct {
 	sink  adapters.Sink
 	retry retry.Policy
 	newID func() string
+	tel   *telemetry
 }
 
 // New returns a Publisher on sink. It does not take ownership of sink.
@@ -67,7 +91,11 @@ func New(sink adapters.Sink, cfg Config) (*Publisher, error) {
 	if cfg.NewID == nil {
 		cfg.NewID = NewEventID
 	}
-	return &Publisher{sink: sink, retry: cfg.Retry.WithDefaults(), newID: cfg.NewID}, nil
+	tel, err := newTelemetry(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Publisher{sink: sink, retry: cfg.Retry.WithDefaults(), newID: cfg.NewID, tel: tel}, nil
 }
 
 // NewEventID returns a new event ID: a UUIDv7, unique and ordered by time.
@@ -98,12 +126,18 @@ func NewEventID() string {
 // caller reads d back with ackwise.RetryAfterOf). A listed message may
 // still have been published (its confirm was lost); publishing it again is
 // safe because its ID is stable. adapters.PublishFailures tells which to
-// publish again.
+// publish again. With Config.TracerProvider the call is a span, and the
+// traceparent written is the span's; with Config.MeterProvider its outcome
+// is counted.
 func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
 	for i, m := range msgs {
 		if m == nil {
 			return fmt.Errorf("producer: message %d is nil", i)
 		}
+	}
+	start := time.Now()
+	ctx, span := p.tel.start(ctx)
+	for _, m := range msgs {
 		// An ID only in the header (a forwarded or redriven message, an
 		// outbox row) is the event's: keep it, and make it the message's.
 		if id := m.EventID(); id == "" {
@@ -113,6 +147,15 @@ func (p *Publisher) Publish(ctx context.Context, msgs ...*ackwise.Message) error
 		}
 		InjectTrace(ctx, m)
 	}
+	identify(span, msgs)
+	err := p.publish(ctx, msgs)
+	p.tel.end(ctx, span, start, len(msgs), err)
+	return err
+}
+
+// publish publishes msgs, which have their IDs, with the retries Publish
+// documents.
+func (p *Publisher) publish(ctx context.Context, msgs []*ackwise.Message) error {
 	wait := &atLeast{BackOff: p.retry.BackOff()}
 	b := backoff.WithContext(backoff.WithMaxRetries(wait, uint64(p.retry.MaxAttempts-1)), ctx)
 	attempt := 0
