@@ -47,4 +47,12 @@
 // and liveness and readiness probes as an http.Handler (/healthz,
 // /readyz), which serves the application's metrics exporter at /metrics
 // when RunnerConfig.Metrics is set.
+//
+// [NewMetrics] returns the Observer that records the outcomes with
+// OpenTelemetry and, given as Config.Observer itself, the consumer's gauges
+// while Run runs: the lag (the age of the oldest message in flight, from
+// its broker timestamp), in flight, waiting in place, the breaker's state,
+// trips and held messages, and with [WithBacklog] the broker's backlog and
+// the estimated time to drain it ([EstimateDrain]).
+// docs/observability.md lists every instrument.
 package consumer

@@ -13,4 +13,8 @@
 // (header ackwise-redrive-count) and never sends the same dead letters round
 // for ever, also into a consumer that still fails them. The ackwise CLI (cmd/ackwise) wraps both;
 // docs/redrive.md says how to redrive safely.
+//
+// [NewDepthMetrics] observes a dead-letter destination's depth (its
+// [Backlogger], asked at most once per interval) and, with an [Ager], the
+// age of its oldest dead letter, as OpenTelemetry gauges.
 package dlq

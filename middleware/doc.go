@@ -118,5 +118,6 @@
 // [Tracing] starts a consumer span per message, continuing the producer's
 // trace from the W3C traceparent header (producer.Publisher injects it), and
 // marks failed spans with their error class. Metrics come from
-// consumer.NewMetrics, an Observer of the engine.
+// consumer.NewMetrics, an Observer of the engine; the inbox counts the
+// duplicates it absorbed (InboxConfig.MeterProvider).
 package middleware
