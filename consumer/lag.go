@@ -36,15 +36,12 @@ type ageSlot struct {
 }
 
 // startLocked takes a slot for m, received at now, and returns its index
-// plus one (0 when ages is off). A publish time not after the Unix epoch
+// plus one; ages must be on. A publish time not after the Unix epoch
 // (Kafka's -1 for "no timestamp") or later than now (a clock ahead of
 // ours, or a producer's forged CreateTime) is replaced by now: a lag is
 // never negative, and a timestamp from the future does not hide an old
 // message. Caller holds c.mu.
 func (a *ages) startLocked(m *ackwise.Message, now time.Time) int32 {
-	if !a.on {
-		return 0
-	}
 	at, recv := m.PublishedAt.UnixNano(), now.UnixNano()
 	if m.PublishedAt.IsZero() || at <= 0 || at > recv {
 		at = recv
