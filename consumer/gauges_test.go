@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -435,5 +436,39 @@ func TestMetricsGaugesOfOneConsumer(t *testing.T) {
 	}
 	if v := value(t, got, consumer.MetricMessages, attribute.String(consumer.AttrOutcome, "acked"), attribute.String(consumer.AttrSource, "other"), billing); v != 1 {
 		t.Errorf("the second consumer's outcomes: acked = %v, want 1", v)
+	}
+}
+
+// TestMetricsGaugesWhileRunning: the gauges are observed while Run runs,
+// not before nor after it, and again when the consumer runs again.
+func TestMetricsGaugesWhileRunning(t *testing.T) {
+	t.Parallel()
+	b := setupGauges(t)
+	noop := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil })
+	c, err := consumer.New(b.src, noop, consumer.Config{Name: "billing", Observer: b.obs, Clock: b.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b.collect(t); len(got[consumer.MetricInFlight]) != 0 {
+		t.Fatalf("before Run: %v", got)
+	}
+	for run := 1; run <= 2; run++ {
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		memorytest.Publish(t, b.br, "orders", memorytest.Msg(fmt.Sprint("e", run), "k", "x"))
+		if !waitStats(c, 30*time.Second, func(s consumer.Stats) bool { return s.Acked == uint64(run) && s.InFlight == 0 }) {
+			t.Fatalf("run %d: %+v", run, c.Stats())
+		}
+		if v := value(t, b.collect(t), consumer.MetricInFlight, forBilling...); v != 0 {
+			t.Errorf("run %d: in flight %v", run, v)
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("run %d: %v", run, err)
+		}
+		if got := b.collect(t); len(got[consumer.MetricInFlight]) != 0 || len(got[consumer.MetricLagAge]) != 0 {
+			t.Errorf("after run %d returned: %v", run, got)
+		}
 	}
 }
