@@ -1,0 +1,132 @@
+package pgoutbox_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/producer/outbox/outboxtest"
+	"github.com/ackwise/ackwise/producer/outbox/pgoutbox"
+)
+
+// postgresURL is where the tests find PostgreSQL: ACKWISE_TEST_POSTGRES, or
+// the machine's trust-auth server.
+func postgresURL() string {
+	if u := os.Getenv("ACKWISE_TEST_POSTGRES"); u != "" {
+		return u
+	}
+	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+}
+
+// connect opens a pool, failing the test (skipping it under -short) when
+// PostgreSQL cannot be reached.
+func connect(t testing.TB, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(postgresURL())
+	if err != nil {
+		t.Fatalf("ACKWISE_TEST_POSTGRES: %v", err)
+	}
+	cfg.MaxConns = maxConns
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if testing.Short() {
+			t.Skipf("PostgreSQL unreachable with -short: %v", err)
+		}
+		t.Fatalf("PostgreSQL at %s unreachable (start it, or set ACKWISE_TEST_POSTGRES): %v", cfg.ConnConfig.ConnString(), err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func randomName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+type testBundle struct {
+	pool   *pgxpool.Pool
+	schema string // unquoted
+	store  *pgoutbox.Store
+}
+
+// setup creates a schema of its own with the outbox table, and drops it
+// when the test ends.
+func setup(t testing.TB, cfg pgoutbox.Config) *testBundle {
+	t.Helper()
+	pool := connect(t, 12)
+	name := randomName("ackwise_pgoutbox_")
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+name); err != nil {
+		t.Fatalf("create schema: %v", err)
+	}
+	t.Cleanup(func() {
+		if _, err := pool.Exec(context.Background(), `DROP SCHEMA `+name+` CASCADE`); err != nil {
+			t.Errorf("drop schema: %v", err)
+		}
+	})
+	cfg.Table = name + ".outbox"
+	store, err := pgoutbox.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &testBundle{pool: pool, schema: name, store: store}
+}
+
+// add adds msgs in a transaction of its own, committed or rolled back.
+func (b *testBundle) add(ctx context.Context, commit bool, msgs ...*ackwise.Message) error {
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
+	if err := b.store.Add(ctx, tx, msgs...); err != nil {
+		return err
+	}
+	if !commit {
+		return tx.Rollback(ctx)
+	}
+	return tx.Commit(ctx)
+}
+
+func (b *testBundle) count(t testing.TB, where string) int64 {
+	t.Helper()
+	var n int64
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{b.schema, "outbox"}.Sanitize()+` WHERE `+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func harness(cfg pgoutbox.Config) outboxtest.Harness {
+	return outboxtest.Harness{New: func(t *testing.T) *outboxtest.Backend {
+		b := setup(t, cfg)
+		return &outboxtest.Backend{
+			Store: b.store,
+			Add:   b.add,
+			SentRows: func(ctx context.Context) (int64, error) {
+				return b.count(t, `sent_at IS NOT NULL`), nil
+			},
+		}
+	}}
+}
+
+func TestConformance(t *testing.T) {
+	t.Run("Notify", func(t *testing.T) { t.Parallel(); outboxtest.Run(t, harness(pgoutbox.Config{})) })
+	t.Run("PollOnly", func(t *testing.T) { t.Parallel(); outboxtest.Run(t, harness(pgoutbox.Config{NoNotify: true})) })
+}
