@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/pgtest"
 	"github.com/ackwise/ackwise/middleware"
 	"github.com/ackwise/ackwise/middleware/pginbox"
 )
@@ -36,7 +37,7 @@ func TestCrashChild(t *testing.T) {
 		return
 	}
 	schema := os.Getenv(crashEnvSchema)
-	pool := connect(t, 2)
+	pool := pgtest.Connect(t, 2)
 	store, err := pginbox.New(pool, pginbox.Config{Table: schema + ".inbox", VersionTable: schema + ".versions",
 		OneRoundTripClaim: os.Getenv(crashEnvOneRT) != ""})
 	if err != nil {
@@ -65,7 +66,7 @@ func runCrashChild(t *testing.T, b *testBundle, mode string) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
 	cmd.Env = append(os.Environ(), crashEnvMode+"="+mode, crashEnvSchema+"="+strings.Trim(b.schema, `"`),
-		"ACKWISE_TEST_POSTGRES="+postgresURL())
+		"ACKWISE_TEST_POSTGRES="+pgtest.URL())
 	if b.cfg.OneRoundTripClaim {
 		cmd.Env = append(cmd.Env, crashEnvOneRT+"=1")
 	}

@@ -4,49 +4,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/ackwise/ackwise/internal/pgtest"
 	"github.com/ackwise/ackwise/middleware/pginbox"
 )
-
-// postgresURL is where the tests find PostgreSQL: ACKWISE_TEST_POSTGRES, or
-// the machine's trust-auth server.
-func postgresURL() string {
-	if u := os.Getenv("ACKWISE_TEST_POSTGRES"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
-
-// connect opens a pool, failing the test (skipping it under -short) when
-// PostgreSQL cannot be reached.
-func connect(t testing.TB, maxConns int32) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(postgresURL())
-	if err != nil {
-		t.Fatalf("ACKWISE_TEST_POSTGRES: %v", err)
-	}
-	cfg.MaxConns = maxConns
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		if testing.Short() {
-			t.Skipf("PostgreSQL unreachable with -short: %v", err)
-		}
-		t.Fatalf("PostgreSQL at %s unreachable (start it, or set ACKWISE_TEST_POSTGRES): %v", cfg.ConnConfig.ConnString(), err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
 
 type testBundle struct {
 	pool   *pgxpool.Pool
@@ -65,7 +30,7 @@ func randomName(prefix string) string {
 // table, and drops it when the test ends.
 func setup(t testing.TB, opts ...func(*pginbox.Config)) *testBundle {
 	t.Helper()
-	pool := connect(t, 16)
+	pool := pgtest.Connect(t, 16)
 	name := randomName("ackwise_pginbox_")
 	schema := pgx.Identifier{name}.Sanitize()
 	ctx := context.Background()

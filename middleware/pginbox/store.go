@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/pgschema"
 	"github.com/ackwise/ackwise/middleware"
 )
 
@@ -171,21 +172,7 @@ CREATE TABLE IF NOT EXISTS ` + s.versionTable + ` (
 // they do not exist. Concurrent calls (several instances starting at once)
 // are serialized with an advisory lock. The schema, if qualified, must exist.
 func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{})
-	if err != nil {
-		return fmt.Errorf("pginbox: migrate: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, s.lockName); err != nil {
-		return fmt.Errorf("pginbox: migrate: %w", err)
-	}
-	if _, err := tx.Exec(ctx, s.SchemaSQL()); err != nil {
-		return fmt.Errorf("pginbox: migrate: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("pginbox: migrate: %w", err)
-	}
-	return nil
+	return pgschema.Migrate(ctx, s.db, "pginbox", s.lockName, s.SchemaSQL())
 }
 
 type ctxKey struct{}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/pgtest"
 	"github.com/ackwise/ackwise/middleware"
 	"github.com/ackwise/ackwise/middleware/inboxtest"
 	"github.com/ackwise/ackwise/middleware/pginbox"
@@ -129,7 +130,7 @@ func TestIdenticalPayloadsAreDistinctEvents(t *testing.T) {
 func TestRacingConsumersApplyOnce(t *testing.T) {
 	eachMode(t, func(t *testing.T, mode func(*pginbox.Config)) {
 		b := setup(t, mode)
-		other, err := pginbox.New(connect(t, 8), b.cfg)
+		other, err := pginbox.New(pgtest.Connect(t, 8), b.cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -430,7 +431,7 @@ func TestMigrateConcurrently(t *testing.T) {
 
 func TestConfigValidation(t *testing.T) {
 	t.Parallel()
-	pool := connect(t, 1)
+	pool := pgtest.Connect(t, 1)
 	for _, tc := range []struct {
 		cfg  pginbox.Config
 		want string // in the error; "" means valid

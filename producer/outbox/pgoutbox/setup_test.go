@@ -4,51 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"os"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/pgtest"
 	"github.com/ackwise/ackwise/producer/outbox/outboxtest"
 	"github.com/ackwise/ackwise/producer/outbox/pgoutbox"
 )
-
-// postgresURL is where the tests find PostgreSQL: ACKWISE_TEST_POSTGRES, or
-// the machine's trust-auth server.
-func postgresURL() string {
-	if u := os.Getenv("ACKWISE_TEST_POSTGRES"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
-}
-
-// connect opens a pool, failing the test (skipping it under -short) when
-// PostgreSQL cannot be reached.
-func connect(t testing.TB, maxConns int32) *pgxpool.Pool {
-	t.Helper()
-	cfg, err := pgxpool.ParseConfig(postgresURL())
-	if err != nil {
-		t.Fatalf("ACKWISE_TEST_POSTGRES: %v", err)
-	}
-	cfg.MaxConns = maxConns
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		if testing.Short() {
-			t.Skipf("PostgreSQL unreachable with -short: %v", err)
-		}
-		t.Fatalf("PostgreSQL at %s unreachable (start it, or set ACKWISE_TEST_POSTGRES): %v", cfg.ConnConfig.ConnString(), err)
-	}
-	t.Cleanup(pool.Close)
-	return pool
-}
 
 func randomName(prefix string) string {
 	var b [6]byte
@@ -66,7 +31,7 @@ type testBundle struct {
 // when the test ends.
 func setup(t testing.TB, cfg pgoutbox.Config) *testBundle {
 	t.Helper()
-	pool := connect(t, 12)
+	pool := pgtest.Connect(t, 12)
 	name := randomName("ackwise_pgoutbox_")
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+name); err != nil {

@@ -1,14 +1,12 @@
 package pgoutbox
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"regexp"
-	"slices"
 	"strings"
 	"time"
 
@@ -18,6 +16,7 @@ import (
 	"github.com/jackc/pgxlisten"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/pgschema"
 	"github.com/ackwise/ackwise/producer/outbox"
 	"github.com/ackwise/ackwise/producer/outbox/internal/row"
 )
@@ -173,21 +172,7 @@ CREATE OR REPLACE TRIGGER ` + trg + ` AFTER INSERT ON ` + s.table + ` FOR EACH S
 // calls are serialized with an advisory lock. The schema, if qualified,
 // must exist.
 func (s *Store) Migrate(ctx context.Context) error {
-	tx, err := s.db.BeginTx(ctx, pgx.TxOptions{})
-	if err != nil {
-		return fmt.Errorf("pgoutbox: migrate: %w", err)
-	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // after Commit it is a no-op
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, s.lockName); err != nil {
-		return fmt.Errorf("pgoutbox: migrate: %w", err)
-	}
-	if _, err := tx.Exec(ctx, s.SchemaSQL()); err != nil {
-		return fmt.Errorf("pgoutbox: migrate: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("pgoutbox: migrate: %w", err)
-	}
-	return nil
+	return pgschema.Migrate(ctx, s.db, "pgoutbox", s.lockName, s.SchemaSQL())
 }
 
 // Add writes msgs to the outbox in tx, the caller's transaction: they are
@@ -261,27 +246,10 @@ func (s *Store) Claim(ctx context.Context, owner string, limit int, lease time.D
 		return nil, fmt.Errorf("pgoutbox: claim: %w", err)
 	}
 	defer rows.Close()
-	var out []outbox.Row
-	for rows.Next() {
-		var (
-			r        outbox.Row
-			m        ackwise.Message
-			key, hdr []byte
-		)
-		if err := rows.Scan(&r.ID, &m.ID, &key, &hdr, &m.Payload, &r.CreatedAt, &r.Attempts); err != nil {
-			return nil, fmt.Errorf("pgoutbox: claim: %w", err)
-		}
-		m.Key = string(key)
-		if m.Headers, err = row.DecodeHeaders(hdr); err != nil {
-			return nil, fmt.Errorf("pgoutbox: claim: row %d: %w", r.ID, err)
-		}
-		r.Message = &m
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := row.ReadClaimed(rows, func(t time.Time) time.Time { return t })
+	if err != nil {
 		return nil, fmt.Errorf("pgoutbox: claim: %w", err)
 	}
-	slices.SortFunc(out, func(a, b outbox.Row) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
 }
 

@@ -1,7 +1,6 @@
 package sqliteoutbox
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -161,29 +160,10 @@ func (s *Store) Claim(ctx context.Context, owner string, limit int, lease time.D
 		return nil, fmt.Errorf("sqliteoutbox: claim: %w", err)
 	}
 	defer rows.Close()
-	var out []outbox.Row
-	for rows.Next() {
-		var (
-			r        outbox.Row
-			m        ackwise.Message
-			key, hdr []byte
-			created  int64
-		)
-		if err := rows.Scan(&r.ID, &m.ID, &key, &hdr, &m.Payload, &created, &r.Attempts); err != nil {
-			return nil, fmt.Errorf("sqliteoutbox: claim: %w", err)
-		}
-		m.Key = string(key)
-		if m.Headers, err = row.DecodeHeaders(hdr); err != nil {
-			return nil, fmt.Errorf("sqliteoutbox: claim: row %d: %w", r.ID, err)
-		}
-		r.CreatedAt = time.UnixMilli(created)
-		r.Message = &m
-		out = append(out, r)
-	}
-	if err := rows.Err(); err != nil {
+	out, err := row.ReadClaimed(rows, time.UnixMilli)
+	if err != nil {
 		return nil, fmt.Errorf("sqliteoutbox: claim: %w", err)
 	}
-	slices.SortFunc(out, func(a, b outbox.Row) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
 }
 

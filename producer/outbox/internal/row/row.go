@@ -3,13 +3,17 @@
 package row
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
+	"time"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/producer"
+	"github.com/ackwise/ackwise/producer/outbox"
 )
 
 // Prepare makes msg ready to be stored: it gives it an event ID (a UUIDv7)
@@ -89,4 +93,43 @@ func DecodeHeaders(b []byte) (ackwise.Headers, error) {
 		return nil, fmt.Errorf("outbox: corrupt headers: %d trailing bytes", len(b))
 	}
 	return h, nil
+}
+
+// Rows is what pgx.Rows and *sql.Rows share.
+type Rows interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
+// ReadClaimed reads the rows a claim returned, each with the columns id,
+// event_id, key, headers, payload, created_at and attempts (created_at
+// scanned into a C and turned into a time by createdAt), and returns them
+// in id order.
+func ReadClaimed[C any](rows Rows, createdAt func(C) time.Time) ([]outbox.Row, error) {
+	var out []outbox.Row
+	for rows.Next() {
+		var (
+			r        outbox.Row
+			m        ackwise.Message
+			key, hdr []byte
+			created  C
+		)
+		if err := rows.Scan(&r.ID, &m.ID, &key, &hdr, &m.Payload, &created, &r.Attempts); err != nil {
+			return nil, err
+		}
+		m.Key = string(key)
+		var err error
+		if m.Headers, err = DecodeHeaders(hdr); err != nil {
+			return nil, fmt.Errorf("row %d: %w", r.ID, err)
+		}
+		r.CreatedAt = createdAt(created)
+		r.Message = &m
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b outbox.Row) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
 }
