@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/internal/pgtest"
@@ -78,12 +79,34 @@ func (b *testBundle) count(t testing.TB, where string) int64 {
 	return n
 }
 
-func harness(cfg pgoutbox.Config) outboxtest.Harness {
+// addSQL is add through database/sql (pgx's stdlib driver) and AddSQL.
+func (b *testBundle) addSQL(ctx context.Context, commit bool, msgs ...*ackwise.Message) error {
+	db := stdlib.OpenDBFromPool(b.pool)
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback() //nolint:errcheck // after Commit it is a no-op
+	if err := b.store.AddSQL(ctx, tx, msgs...); err != nil {
+		return err
+	}
+	if !commit {
+		return tx.Rollback()
+	}
+	return tx.Commit()
+}
+
+func harness(cfg pgoutbox.Config, stdTx bool) outboxtest.Harness {
 	return outboxtest.Harness{New: func(t *testing.T) *outboxtest.Backend {
 		b := setup(t, cfg)
+		add := b.add
+		if stdTx {
+			add = b.addSQL
+		}
 		return &outboxtest.Backend{
 			Store: b.store,
-			Add:   b.add,
+			Add:   add,
 			SentRows: func(ctx context.Context) (int64, error) {
 				return b.count(t, `sent_at IS NOT NULL`), nil
 			},
@@ -92,6 +115,7 @@ func harness(cfg pgoutbox.Config) outboxtest.Harness {
 }
 
 func TestConformance(t *testing.T) {
-	t.Run("Notify", func(t *testing.T) { t.Parallel(); outboxtest.Run(t, harness(pgoutbox.Config{})) })
-	t.Run("PollOnly", func(t *testing.T) { t.Parallel(); outboxtest.Run(t, harness(pgoutbox.Config{NoNotify: true})) })
+	t.Run("Notify", func(t *testing.T) { t.Parallel(); outboxtest.Run(t, harness(pgoutbox.Config{}, false)) })
+	t.Run("PollOnly", func(t *testing.T) { t.Parallel(); outboxtest.Run(t, harness(pgoutbox.Config{NoNotify: true}, false)) })
+	t.Run("DatabaseSQL", func(t *testing.T) { t.Parallel(); outboxtest.Run(t, harness(pgoutbox.Config{}, true)) })
 }
