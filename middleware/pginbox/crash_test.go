@@ -1,17 +1,15 @@
 package pginbox_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/crashtest"
 	"github.com/ackwise/ackwise/internal/pgtest"
 	"github.com/ackwise/ackwise/middleware"
 	"github.com/ackwise/ackwise/middleware/pginbox"
@@ -62,39 +60,11 @@ func TestCrashChild(t *testing.T) {
 
 func runCrashChild(t *testing.T, b *testBundle, mode string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashEnvMode+"="+mode, crashEnvSchema+"="+strings.Trim(b.schema, `"`),
-		"ACKWISE_TEST_POSTGRES="+pgtest.URL())
+	env := []string{crashEnvMode + "=" + mode, crashEnvSchema + "=" + strings.Trim(b.schema, `"`), "ACKWISE_TEST_POSTGRES=" + pgtest.URL()}
 	if b.cfg.OneRoundTripClaim {
-		cmd.Env = append(cmd.Env, crashEnvOneRT+"=1")
+		env = append(env, crashEnvOneRT+"=1")
 	}
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	reached := false
-	var lines []string
-	for sc.Scan() {
-		if sc.Text() == markerReady {
-			reached = true
-			break
-		}
-		lines = append(lines, sc.Text())
-	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no deferred code runs
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	if !reached {
-		t.Fatalf("child never reached the crash point; its output:\n%s", strings.Join(lines, "\n"))
-	}
+	crashtest.KillAt(t, "TestCrashChild", markerReady, env...)
 }
 
 func TestCrashBeforeCommitAppliesOnceAfterRedelivery(t *testing.T) {

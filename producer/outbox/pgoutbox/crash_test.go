@@ -1,12 +1,9 @@
 package pgoutbox_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +15,7 @@ import (
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/rabbitmq"
 	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/internal/crashtest"
 	"github.com/ackwise/ackwise/internal/pgtest"
 	"github.com/ackwise/ackwise/middleware"
 	"github.com/ackwise/ackwise/middleware/pginbox"
@@ -130,35 +128,8 @@ func TestCrashBetweenPublishAndMarkRepublishesSameIDs(t *testing.T) {
 
 	// The child publishes the five rows (one batch: five keys), RabbitMQ
 	// confirms, and the child dies before marking them.
-	ctx, cancel := context.WithTimeout(t.Context(), outboxtest.Wait)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestCrashRelayChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), crashEnvTable+"="+b.schema+".outbox", crashEnvQueue+"="+q.Queue, "ACKWISE_TEST_POSTGRES="+pgtest.URL())
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	reached := false
-	var lines []string
-	for sc.Scan() {
-		if sc.Text() == crashMarker {
-			reached = true
-			break
-		}
-		lines = append(lines, sc.Text())
-	}
-	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no deferred code runs
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	if !reached {
-		t.Fatalf("child never got a confirm; its output:\n%s", strings.Join(lines, "\n"))
-	}
+	crashtest.KillAt(t, "TestCrashRelayChild", crashMarker,
+		crashEnvTable+"="+b.schema+".outbox", crashEnvQueue+"="+q.Queue, "ACKWISE_TEST_POSTGRES="+pgtest.URL())
 	if n := b.count(t, `sent_at IS NULL AND claimed_by IS NOT NULL`); n != 5 {
 		t.Fatalf("%d rows claimed and unsent after the crash, want 5 (confirmed but never marked)", n)
 	}
