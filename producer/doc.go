@@ -24,6 +24,6 @@
 // messages confirmed and failed (by error class) and the call's duration
 // are recorded (MetricPublished, MetricFailed, MetricPublishDuration).
 //
-// The transactional outbox, for publishing as part of a database write, will
-// live in producer/outbox.
+// The transactional outbox, for publishing as part of a database write,
+// lives in producer/outbox (docs/outbox.md).
 package producer

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/producer"
@@ -146,7 +148,9 @@ func (r *Relay) relay(hard context.Context, rows []Row) {
 	for i, row := range rows {
 		msgs[i] = row.Message
 	}
-	pctx, cancel := context.WithTimeout(hard, r.cfg.PublishTimeout)
+	// A row carries the trace of the transaction that added it, or none:
+	// never the span of the relay's own ctx.
+	pctx, cancel := context.WithTimeout(trace.ContextWithSpanContext(hard, trace.SpanContext{}), r.cfg.PublishTimeout)
 	err := r.pub.Publish(pctx, msgs...)
 	cancel()
 	failures := adapters.PublishFailures(err, len(rows))
