@@ -33,6 +33,15 @@ type Relay struct {
 
 	running atomic.Bool
 	wake    wakeup
+	// claimMu lets one worker claim at a time: concurrent claims of one
+	// relay would scan the same rows, and lock each other's (a row a claim
+	// locks and then finds taken stays locked until the claim ends,
+	// holding up the other worker's mark). Workers publish and mark in
+	// parallel.
+	claimMu sync.Mutex
+	// exhausted is 1 + the wake generation at which a claim last found
+	// fewer rows than a batch (0: none yet).
+	exhausted atomic.Uint64
 }
 
 // NewRelay returns a relay from store to sink. It does not take ownership
@@ -118,25 +127,44 @@ func (r *Relay) Run(ctx context.Context) error {
 }
 
 // work claims, publishes and marks batches until ctx is done.
+//
+// Workers claim one at a time (claimMu). A claim that found fewer rows than
+// a batch took everything claimable: the other workers then skip their
+// claims until something changes — a notification, a batch marked (the
+// next rows of its keys are heads now) — or their poll timer fires (leases
+// and retry delays run out without a signal).
 func (r *Relay) work(ctx, hard context.Context) {
 	poll := time.NewTimer(r.cfg.PollInterval)
 	defer poll.Stop()
+	force := true
 	for ctx.Err() == nil {
-		woken := r.wake.wait() // before the claim: a notification during it is not lost
-		rows, err := r.store.Claim(ctx, r.cfg.Owner, r.cfg.BatchSize, r.cfg.Lease)
-		if err != nil && ctx.Err() == nil {
-			r.log.Error("outbox: claim failed", "err", err)
+		woken, gen := r.wake.wait() // before the claim: a notification during it is not lost
+		var rows []Row
+		if force || r.exhausted.Load() != gen+1 {
+			r.claimMu.Lock()
+			var err error
+			rows, err = r.store.Claim(ctx, r.cfg.Owner, r.cfg.BatchSize, r.cfg.Lease)
+			if err != nil && ctx.Err() == nil {
+				r.log.Error("outbox: claim failed", "err", err)
+			}
+			if err == nil && len(rows) < r.cfg.BatchSize {
+				r.exhausted.Store(gen + 1)
+			}
+			r.claimMu.Unlock()
 		}
 		if len(rows) > 0 {
 			r.relay(hard, rows)
 			r.wake.signal() // the next rows of these keys are heads now
+			force = false
 			continue
 		}
 		poll.Reset(r.cfg.PollInterval)
 		select {
 		case <-ctx.Done():
 		case <-woken:
+			force = false
 		case <-poll.C:
+			force = true
 		}
 	}
 }
@@ -270,16 +298,17 @@ func (r *Relay) pruneLoop(ctx context.Context) {
 }
 
 // wakeup wakes every waiting worker at once: signal closes the channel
-// wait handed out and makes a new one.
+// wait handed out, makes a new one and counts a generation.
 type wakeup struct {
-	mu sync.Mutex
-	ch chan struct{}
+	mu  sync.Mutex
+	ch  chan struct{}
+	gen uint64
 }
 
-func (w *wakeup) wait() <-chan struct{} {
+func (w *wakeup) wait() (<-chan struct{}, uint64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.ch
+	return w.ch, w.gen
 }
 
 func (w *wakeup) signal() {
@@ -287,4 +316,5 @@ func (w *wakeup) signal() {
 	defer w.mu.Unlock()
 	close(w.ch)
 	w.ch = make(chan struct{})
+	w.gen++
 }
