@@ -45,8 +45,8 @@ type Config struct {
 	// Publish call sends. Default DefaultBatchSize (100).
 	BatchSize int
 	// Workers is how many claim-publish-mark loops the relay runs at once;
-	// each holds its own batch, of keys no other holds. Default
-	// DefaultWorkers (1).
+	// each holds its own batch, of keys no other holds. They claim one at a
+	// time and publish and mark in parallel. Default DefaultWorkers (1).
 	Workers int
 	// Lease is how long a claim holds its rows: a relay that dies with
 	// rows claimed leaves them to be claimed again (and published again,
