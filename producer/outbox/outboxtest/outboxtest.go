@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/producer"
 	"github.com/ackwise/ackwise/producer/outbox"
@@ -68,12 +69,63 @@ type Bundle struct {
 	Sink   *memory.Sink
 	Reader *sdkmetric.ManualReader
 	mp     *sdkmetric.MeterProvider
+	guard  keyGuard
+}
+
+// keyGuard wraps the sink of every relay of a bundle and counts the
+// Publish calls that carried a key another call had in flight.
+type keyGuard struct {
+	mu         sync.Mutex
+	inFlight   map[string]bool
+	violations []string
+}
+
+type guardedSink struct {
+	adapters.Sink
+	g *keyGuard
+}
+
+func (s guardedSink) Publish(ctx context.Context, msgs ...*ackwise.Message) error {
+	g := s.g
+	g.mu.Lock()
+	var mine []string
+	for _, m := range msgs {
+		if m.Key == "" {
+			continue
+		}
+		if g.inFlight[m.Key] {
+			g.violations = append(g.violations, m.Key)
+			continue
+		}
+		g.inFlight[m.Key] = true
+		mine = append(mine, m.Key)
+	}
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		for _, k := range mine {
+			delete(g.inFlight, k)
+		}
+		g.mu.Unlock()
+	}()
+	return s.Sink.Publish(ctx, msgs...)
+}
+
+// CheckOneInFlightPerKey fails t if two publishes ever carried rows of one
+// key at the same time.
+func (b *Bundle) CheckOneInFlightPerKey(t *testing.T) {
+	t.Helper()
+	b.guard.mu.Lock()
+	defer b.guard.mu.Unlock()
+	if len(b.guard.violations) > 0 {
+		t.Errorf("rows of one key were in flight twice at once, keys %v", b.guard.violations)
+	}
 }
 
 // NewBundle returns a backend of h with a queue to relay into.
 func NewBundle(t *testing.T, h Harness) *Bundle {
 	t.Helper()
-	b := &Bundle{Backend: h.New(t), Queue: "outbox"}
+	b := &Bundle{Backend: h.New(t), Queue: "outbox", guard: keyGuard{inFlight: map[string]bool{}}}
 	var err error
 	if b.Broker, err = memory.New(memory.Config{}); err != nil {
 		t.Fatal(err)
@@ -106,7 +158,7 @@ func (b *Bundle) FastConfig() outbox.Config {
 // test ends); stop returns Run's error.
 func (b *Bundle) StartRelay(t *testing.T, cfg outbox.Config) (*outbox.Relay, func() error) {
 	t.Helper()
-	r, err := outbox.NewRelay(b.Store, b.Sink, cfg)
+	r, err := outbox.NewRelay(b.Store, guardedSink{Sink: b.Sink, g: &b.guard}, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,6 +420,7 @@ func testParallelRelays(t *testing.T, h Harness, n int) {
 	b.WaitStats(t, "empty backlog", func(s outbox.Stats) bool { return s.Backlog == 0 })
 	msgs, _ = b.Broker.Messages(b.Queue)
 	CheckOnceInOrder(t, msgs, append(ids, more...))
+	b.CheckOneInFlightPerKey(t)
 }
 
 func testOutage(t *testing.T, h Harness) {
@@ -400,6 +453,7 @@ func testOutage(t *testing.T, h Harness) {
 	b.WaitStats(t, "empty backlog", func(s outbox.Stats) bool { return s.Backlog == 0 && s.Parked == 0 })
 	msgs, _ := b.Broker.Messages(b.Queue)
 	CheckOnceInOrder(t, msgs, ids)
+	b.CheckOneInFlightPerKey(t)
 }
 
 func testPoison(t *testing.T, h Harness) {
