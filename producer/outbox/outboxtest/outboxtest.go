@@ -1,6 +1,3 @@
-// Package outboxtest is the conformance suite of outbox stores: every
-// store (pgoutbox, sqliteoutbox) runs [Run] against its real database,
-// with relays publishing into the in-memory broker.
 package outboxtest
 
 import (
