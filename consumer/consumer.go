@@ -212,8 +212,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	c.mu.Unlock()
 	c.pool.work = make(chan *chunk, c.cfg.MaxInFlight)
 	c.pool.slots = make(chan struct{}, c.cfg.Concurrency)
-	c.pool.watchWake = make(chan struct{}, 1)
-	c.pool.watchParked = false
+	wake := make(chan struct{}, 1)
+	c.pool.watchWake = wake
 	c.pace.reset()
 	if c.invalid != nil {
 		c.invalid.OnInvalid(c.wakeInvalid)
@@ -226,10 +226,24 @@ func (c *Consumer) Run(ctx context.Context) error {
 	hbQuit := make(chan struct{}) // the heartbeat, which may outlive them
 	var workers sync.WaitGroup
 	// The last worker state is the receive loop's, for inline runs.
-	c.pool.workers = make([]*workerState, c.cfg.Concurrency+1)
-	for i := range c.pool.workers {
-		c.pool.workers[i] = &workerState{}
+	workerStates := make([]*workerState, c.cfg.Concurrency+1)
+	for i := range workerStates {
+		w := &workerState{}
+		// Stopped until the worker begins a chunk (workerState.watch). It
+		// wakes this Run's watch only: a late fire finds a full channel
+		// or one nobody reads.
+		w.timer = time.AfterFunc(time.Hour, func() {
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		})
+		w.timer.Stop()
+		workerStates[i] = w
 	}
+	c.mu.Lock() // StallWatchParked, in tests, reads them under mu
+	c.pool.workers = workerStates
+	c.mu.Unlock()
 	for _, w := range c.pool.workers[:c.cfg.Concurrency] {
 		workers.Add(1)
 		go func() {

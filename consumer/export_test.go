@@ -42,10 +42,15 @@ func Stopping(c *Consumer) bool { return c.stopping.Load() }
 // MaxInFlightOf is c's MaxInFlight, defaults applied.
 func MaxInFlightOf(c *Consumer) int { return c.cfg.MaxInFlight }
 
-// StallWatchParked reports whether the stall watch is parked (found
-// nothing in flight and waits for dispatch instead of ticking).
+// StallWatchParked reports whether the stall watch has no worker to look
+// at (no worker runs a chunk of several tasks), so that nothing wakes it.
 func StallWatchParked(c *Consumer) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.pool.watchParked
+	for _, w := range c.pool.workers {
+		if w.watched.Load() {
+			return false
+		}
+	}
+	return true
 }

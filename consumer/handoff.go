@@ -65,11 +65,9 @@ type pool struct {
 	dispatchCh  chunk    // dispatch's, by the receive loop, reset by recycleLocked
 	dispatchBuf []*chunk // dispatch's scratch, owned by the receive loop
 
-	// watchParked says the stall watch found nothing in flight and waits
-	// on watchWake instead of ticking (under c.mu); dispatch wakes it when
-	// messages come in. An idle consumer then costs no wake-ups.
-	watchParked bool
-	watchWake   chan struct{} // capacity 1; set by Run
+	// watchWake wakes the stall watch: a worker's watch timer sends on it
+	// (capacity 1; set by Run).
+	watchWake chan struct{}
 }
 
 // task is an in-flight message on its way to a handler, with its lane (nil
@@ -122,10 +120,18 @@ type workerState struct {
 	// handler runs); the stall watch reads it, and sets takenBit while it
 	// takes ran from a worker stuck in a handler.
 	progress atomic.Uint64
-	ran      []ran              // ran, not yet finished; see progress
-	done     []*ackwise.Message // finished, to recycle after Consumer.mu is released
-	acks     []*ackwise.Message // of ran, to ack in one batch
-	ackErrs  []error            // AckBatch's errors for acks
+	ran      []ran // ran, not yet finished; see progress
+	// The stall watch's view of the worker. watched: it runs a chunk of
+	// several tasks, which a blocking handler could hold back; timer
+	// wakes the watch stallAfter after its last look (lookAt, on the
+	// monotime clock), when progress was seen.
+	watched atomic.Bool
+	lookAt  atomic.Int64
+	seen    atomic.Uint64
+	timer   *time.Timer
+	done    []*ackwise.Message // finished, to recycle after Consumer.mu is released
+	acks    []*ackwise.Message // of ran, to ack in one batch
+	ackErrs []error            // AckBatch's errors for acks
 }
 
 // ran is a task that ran and awaits its finish.
@@ -165,13 +171,6 @@ func (p *pool) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
 		return
 	}
 	c.inflight += len(msgs)
-	if p.watchParked {
-		p.watchParked = false
-		select {
-		case p.watchWake <- struct{}{}:
-		default:
-		}
-	}
 	// The ready tasks go straight into the dispatch chunk, kept for
 	// dispatch alone (ReceiveBatch tasks long): run inline, it is the
 	// chunk; handed off, it is cut into one chunk per worker.
@@ -356,6 +355,12 @@ func (p *pool) runChunk(ctx context.Context, w *workerState, ch *chunk) *chunk {
 	w.active.Store(ch)
 	single := c.pace.mode.Load() == modeSingle
 	start := monotime()
+	// A chunk of one task cannot hold anything back, and a single mode
+	// chunk is spread at its first claim: only the others are watched.
+	watch := len(ch.tasks) > 1 && !single
+	if watch {
+		w.watch(start)
+	}
 	n := 0
 	for {
 		t, ok := ch.claim()
@@ -386,10 +391,23 @@ func (p *pool) runChunk(ctx context.Context, w *workerState, ch *chunk) *chunk {
 			}
 		}
 	}
+	if watch {
+		w.watched.Store(false)
+		w.timer.Stop()
+	}
 	if n > 0 {
 		c.pace.sample(monotime()-start, n)
 	}
 	return p.finishRan(w, ch)
+}
+
+// watch puts w under the stall watch from now on, as it begins a chunk:
+// its timer wakes the watch once stallAfter passed.
+func (w *workerState) watch(now time.Duration) {
+	w.seen.Store(w.progress.Load())
+	w.lookAt.Store(int64(now))
+	w.watched.Store(true)
+	w.timer.Reset(stallAfter)
 }
 
 // stallAfter is how long a worker may run one message of a batch before the
@@ -399,31 +417,42 @@ const stallAfter = 2 * time.Millisecond
 // stallWatch guards the batched modes against a message that blocks: its
 // worker (or the receive loop, inline) would hold back the messages of its
 // batch not started yet, though other workers are idle, and the messages it
-// ran before, which wait to be acked and finished together. Every
-// stallAfter it looks for a worker that neither started nor ended a handler
-// since the last look. If its batch still has messages not started, it
-// hands those to the workers one by one (spread) and falls back to single
-// mode: handlers are not uniformly fast. If the worker is inside a handler
-// and has finished messages waiting, it acks and finishes them itself.
+// ran before, which wait to be acked and finished together. It looks at a
+// worker stallAfter after its last look, while the worker runs a chunk of
+// several tasks (workerState.watched), and finds it stalled if it neither
+// started nor ended a handler since. If its batch still has messages not
+// started, it hands those to the workers one by one (spread) and falls
+// back to single mode: handlers are not uniformly fast. If the worker is
+// inside a handler and has finished messages waiting, it acks and finishes
+// them itself.
+//
+// It does not tick: each worker arms its own timer as it begins a chunk
+// (workerState.watch) and stops it as the chunk's last handler returns,
+// which costs a timer reset and stop per chunk and no wake-up when the
+// chunk ends within stallAfter. The watch wakes only for chunks that run
+// longer, every stallAfter while they do; an idle consumer, or one whose
+// batches are quick, never wakes it.
 func (p *pool) stallWatch(quit <-chan struct{}) {
 	c := p.c
-	t := time.NewTicker(stallAfter)
-	defer t.Stop()
-	seen := make([]uint64, len(p.workers))
 	var taken [][]ran
 	for {
 		select {
-		case <-t.C:
+		case <-p.watchWake:
 		case <-quit:
 			return
 		}
+		now := monotime()
 		// Under mu: a worker clears its active chunk under mu before the
 		// chunk is recycled.
 		c.mu.Lock()
-		for i, w := range p.workers {
+		for _, w := range p.workers {
+			if !w.watched.Load() || now-time.Duration(w.lookAt.Load()) < stallAfter {
+				continue
+			}
 			prog := w.progress.Load()
-			stalled := prog == seen[i]
-			seen[i] = prog
+			stalled := prog == w.seen.Load()
+			w.seen.Store(prog)
+			w.lookAt.Store(int64(now))
 			if !stalled {
 				continue
 			}
@@ -441,10 +470,6 @@ func (p *pool) stallWatch(quit <-chan struct{}) {
 				w.progress.Store(prog)
 			}
 		}
-		// Nothing in flight and nothing taken: no handler can stall until
-		// dispatch brings messages, which wakes the watch.
-		park := c.inflight == 0 && len(taken) == 0
-		p.watchParked = park
 		c.mu.Unlock()
 		for i, rs := range taken {
 			tmp := workerState{ran: rs}
@@ -454,18 +479,14 @@ func (p *pool) stallWatch(quit <-chan struct{}) {
 			taken[i] = nil
 		}
 		taken = taken[:0]
-		if park {
-			t.Stop()
-			select {
-			case <-p.watchWake:
-			case <-quit:
-				return
+		// Look again at each worker still running its chunk stallAfter
+		// after the last look. A worker that ended its chunk meanwhile may
+		// wake the watch once more for nothing: it is no longer watched.
+		now = monotime()
+		for _, w := range p.workers {
+			if w.watched.Load() {
+				w.timer.Reset(max(time.Duration(w.lookAt.Load())+stallAfter-now, 0))
 			}
-			// Progress made while parked is not a stall.
-			for i, w := range p.workers {
-				seen[i] = w.progress.Load()
-			}
-			t.Reset(stallAfter)
 		}
 	}
 }
