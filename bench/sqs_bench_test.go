@@ -322,10 +322,17 @@ func sqsOnePerCall(b *testing.B) {
 // sqsOpenSource opens the ackwise SQS source on q, with the source's
 // defaults.
 func sqsOpenSource(b *testing.B, q *sqsQueue) *sqs.Source {
+	return sqsOpenSourcePollers(b, q, 0)
+}
+
+// sqsOpenSourcePollers opens the ackwise SQS source on q with pollers
+// concurrent receives (0: the default), its other settings the defaults.
+func sqsOpenSourcePollers(b *testing.B, q *sqsQueue, pollers int) *sqs.Source {
 	b.Helper()
 	src, err := sqs.NewSource(context.Background(), sqs.Config{
 		QueueURL:   q.url,
 		Connection: sqs.Connection{Endpoint: q.endpoint, AWS: &q.aws},
+		Pollers:    pollers,
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -370,6 +377,25 @@ func sqsEngine(b *testing.B) {
 	h, all := countTo(b.N)
 	runEngine(b, src, h, consumer.Config{}, all)
 	mt.report(b)
+}
+
+// BenchmarkSQSPollers runs the ackwise engine (defaults) on the SQS source
+// with 1, 2 and 4 concurrent receives (sqs.Config.Pollers) on a backlog of
+// b.N, as BenchmarkSQSConsume's ackwise-engine: what more pollers buy in
+// msgs/s against the emulator, and cost in client CPU per message.
+//
+//	go test -run '^$' -bench 'SQSPollers' -benchtime 2000x -count 3 .
+func BenchmarkSQSPollers(b *testing.B) {
+	for _, n := range []int{1, 2, 4} {
+		b.Run("pollers="+strconv.Itoa(n), func(b *testing.B) {
+			q := sqsFilledQueue(b, "pollers", b.N)
+			mt := q.startMeter()
+			src := sqsOpenSourcePollers(b, q, n)
+			h, all := countTo(b.N)
+			runEngine(b, src, h, consumer.Config{}, all)
+			mt.report(b)
+		})
+	}
 }
 
 // BenchmarkSQSIdle runs each consumer on an empty queue, waiting in long

@@ -44,7 +44,11 @@ func harness(fifo bool) adaptertest.Harness {
 				// lease's clock at the response). A short poll holds them
 				// 40 ms at most, within the source's margin of a tenth of
 				// the lease.
-				src, err := NewSource(ctx, Config{QueueURL: q, DeadLetterQueueURL: dq, Connection: conn, WaitTime: -1})
+				cfg := Config{QueueURL: q, DeadLetterQueueURL: dq, Connection: conn, WaitTime: -1}
+				if fifo {
+					cfg.Pollers = emulatorFIFOPollers
+				}
+				src, err := NewSource(ctx, cfg)
 				if err != nil {
 					t.Fatalf("source: %v", err)
 				}

@@ -24,6 +24,7 @@
 //	wait          source  long-poll wait, whole seconds 1s–20s (default 20s; -1: short polling)
 //	visibility    source  visibility timeout each receive asks for, 1s–12h (default: the queue's)
 //	ack_linger    source  how long an ack waits to share a DeleteMessageBatch call (default 5ms)
+//	pollers       source  ReceiveMessage calls under way at once, 1–64, within the in-flight window (default 2)
 //
 // Options: WithLogger gives a source's logger, which gets its warnings
 // (no dead-letter queue, a RedrivePolicy moving messages before the
@@ -36,11 +37,19 @@
 //
 // # Source
 //
-// Receive makes one ReceiveMessage call at a time: long polling (wait),
-// up to min(len(buf), 10) messages, every message attribute and system
-// attribute, and the lease as the visibility timeout. A Receive cancelled
-// during a long poll (a consumer stopping) may leave messages SQS had
-// already handed out invisible until their visibility timeout ends.
+// Receive is fed by up to Config.Pollers (pollers=) ReceiveMessage calls
+// under way at once: long polling (wait), up to 10 messages each, every
+// message attribute and system attribute, and the lease as the visibility
+// timeout. Together they ask for no more than the engine's in-flight
+// window has room for (the latest Receive's len(buf), less what was handed
+// over since, less what was received and not handed over yet), so no
+// message waits in the source burning its visibility timeout for want of
+// a place. They go on between Receive calls; when the latest Receive's
+// context ends (a consumer stopping) or the source closes, they are
+// cancelled, and the messages received but not handed over go back to the
+// queue at once (ChangeMessageVisibilityBatch to 0). A poll cancelled
+// during its long poll may leave messages SQS had already handed out
+// invisible until their visibility timeout ends.
 // Capabilities:
 //   - DeliveryCount: Attempt is ApproximateReceiveCount (bounded by
 //     ackwise.MaxAttempt); a producer's ackwise-attempt attribute is not
@@ -62,7 +71,11 @@
 //     sooner than asked, as its next attempt), and an extension with
 //     nothing left fails (the message comes back when its lease ends and
 //     the inbox absorbs a second run). On a FIFO queue a message waiting
-//     out its delay holds back its message group.
+//     for its retry holds back its message group: SQS hands out no later
+//     message of the group while it is invisible, and the consumer's
+//     default retry mode (in place, on an ordered source) also holds the
+//     group's messages already received; with consumer.RetryBroker those
+//     run ahead of it.
 //   - Ordered on a FIFO queue (name ending .fifo).
 //   - BrokerDeadLetters with broker-managed dead letters (below).
 //

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/sqs/types"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/consumer"
 )
 
 // testConn is the connection to the test endpoint.
@@ -108,4 +110,24 @@ func awsReceive(queueURL string) *rawReceive {
 		AttributeNames:        []types.QueueAttributeName{types.QueueAttributeNameAll},
 		MessageAttributeNames: []string{"All"},
 	}}
+}
+
+// startConsumer runs cons until the returned stop is called (or t ends),
+// which cancels it, waits for Run and fails t if Run failed.
+func startConsumer(ctx context.Context, t testing.TB, cons *consumer.Consumer) (stop func()) {
+	t.Helper()
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(runCtx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
 }

@@ -79,6 +79,13 @@ type Config struct {
 	// Zero means DefaultAckLinger; -1 means no wait (calls waiting together
 	// still share a batch).
 	AckLinger time.Duration
+	// Pollers is how many ReceiveMessage calls (long polls of up to 10
+	// messages each) the source keeps under way at once, from 1 to
+	// MaxPollers. Zero means DefaultPollers. They are bounded by the
+	// engine's in-flight window: all together ask for no more messages
+	// than the latest Receive had room for, less those received and not
+	// handed over yet, so a window of fewer than 10×Pollers runs fewer.
+	Pollers int
 	// Logger receives warnings (no dead-letter queue, a dead letter cut to
 	// fit its queue); nil discards them.
 	Logger *slog.Logger
@@ -107,6 +114,9 @@ func (c Config) validate() error {
 	if err := c.validateDeadLetters(); err != nil {
 		return err
 	}
+	if c.Pollers < 0 || c.Pollers > MaxPollers {
+		return fmt.Errorf("sqs: Config.Pollers = %d: want 1 to %d, or 0 (default %d)", c.Pollers, MaxPollers, DefaultPollers)
+	}
 	if c.AckLinger < -1 {
 		return fmt.Errorf("sqs: Config.AckLinger = %v: want ≥ 0 (0: default %v) or -1 (none)", c.AckLinger, DefaultAckLinger)
 	}
@@ -133,6 +143,7 @@ type Source struct {
 	cancel  context.CancelFunc
 	closed  atomic.Bool
 	once    sync.Once
+	polls   *pollers // ReceiveMessage
 	acks    *batcher // DeleteMessageBatch
 	vis     *batcher // ChangeMessageVisibilityBatch
 	invalid adapters.InvalidHook
@@ -210,6 +221,11 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 		linger = 0
 	}
 	s.stop, s.cancel = context.WithCancel(context.Background())
+	pollers := cfg.Pollers
+	if pollers == 0 {
+		pollers = DefaultPollers
+	}
+	s.polls = newPollers(s, pollers)
 	s.acks = newDeleter(s, linger)
 	s.vis = newVisibility(s, linger)
 	return s, nil
@@ -218,62 +234,19 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 // now is the time since the source opened, on the monotonic clock.
 func (s *Source) now() time.Duration { return time.Since(s.epoch) }
 
-// Receive receives up to min(len(buf), 10) messages with one ReceiveMessage
-// call, long polling, and calls again while none come. It asks for every
-// message attribute and system attribute, and for the lease as the
-// visibility timeout.
+// Receive hands over up to len(buf) messages, waiting until there is at
+// least one. Config.Pollers ReceiveMessage calls run at once (long polling,
+// up to 10 messages each, every message attribute and system attribute,
+// the lease as the visibility timeout), and keep running between two
+// Receive calls, asking for no more than len(buf) messages in all, less
+// those handed over since; when ctx ends or the source closes they stop,
+// and the messages received but not handed over go back to the queue at
+// once (ChangeMessageVisibilityBatch to 0).
 func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
 	if len(buf) == 0 {
 		return 0, nil
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(s.stop, cancel)()
-	in := &sqs.ReceiveMessageInput{
-		QueueUrl:            aws.String(s.queueURL),
-		MaxNumberOfMessages: int32(min(len(buf), maxBatch)),
-		WaitTimeSeconds:     s.wait,
-		VisibilityTimeout:   int32(s.lease / time.Second),
-		// local-aws-sqs returns ApproximateReceiveCount only when
-		// AttributeNames asks for it (MessageSystemAttributeNames alone
-		// gave an empty map); AWS documents both. Ask with both.
-		AttributeNames:              []types.QueueAttributeName{types.QueueAttributeNameAll},
-		MessageSystemAttributeNames: []types.MessageSystemAttributeName{types.MessageSystemAttributeNameAll},
-		MessageAttributeNames:       []string{"All"},
-	}
-	for {
-		if s.closed.Load() {
-			return 0, adapters.ErrClosed
-		}
-		out, err := s.client.ReceiveMessage(ctx, in)
-		arrived := s.now()
-		switch {
-		case s.closed.Load():
-			return 0, adapters.ErrClosed
-		case err != nil && ctx.Err() != nil:
-			return 0, ctx.Err()
-		case err != nil:
-			return 0, fmt.Errorf("sqs: receive from %s: %w", s.name, err)
-		}
-		// More than asked for would break SQS's contract; those come back
-		// when their lease ends.
-		n := min(len(out.Messages), len(buf))
-		if len(out.Messages) > n {
-			s.log.Warn("sqs: a receive returned more messages than asked for; the rest come back after their visibility timeout", slog.String(ackwise.LogKeySource, s.name), slog.Int("asked", n), slog.Int("got", len(out.Messages)))
-		}
-		for i, m := range out.Messages[:n] {
-			buf[i] = s.message(m, arrived)
-		}
-		if n > 0 {
-			return n, nil
-		}
-		if s.wait == 0 {
-			select {
-			case <-ctx.Done():
-			case <-time.After(shortPollPause):
-			}
-		}
-	}
+	return s.polls.receive(ctx, buf)
 }
 
 // message builds the Message of a received m.
@@ -586,6 +559,7 @@ func (s *Source) Close() error {
 	s.once.Do(func() {
 		s.closed.Store(true)
 		s.cancel()
+		s.polls.close()
 		s.invalid.Invalidated()
 		s.acks.close()
 		s.vis.close()

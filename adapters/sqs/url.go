@@ -59,6 +59,7 @@ var params = func() *urlparam.Table {
 		urlparam.Param{Name: "wait", Side: src, Type: "duration or -1", Doc: "long-poll wait, whole seconds from 1s to 20s (default 20s; -1: short polling)"},
 		urlparam.Param{Name: "visibility", Side: src, Type: "duration", Doc: "visibility timeout (lease) each receive asks for, whole seconds from 1s to 12h (default: the queue's)"},
 		urlparam.Param{Name: "ack_linger", Side: src, Type: "duration or -1", Doc: "how long an ack waits to share a DeleteMessageBatch call (default 5ms; -1: no wait)"},
+		urlparam.Param{Name: "pollers", Side: src, Type: "int", Doc: "ReceiveMessage calls under way at once, 1 to 64, within the consumer's in-flight window (default 2)"},
 	)
 	t.Schemes = []string{Scheme}
 	t.NeedHost = true
@@ -131,12 +132,13 @@ func ConfigFromURL(u *url.URL) (Config, error) {
 	if q.Duration(&c.AckLinger, "ack_linger", -1, time.Minute) && c.AckLinger == 0 {
 		c.AckLinger = -1
 	}
+	urlparam.Int(q, &c.Pollers, "pollers", 1, MaxPollers)
 	return c, q.Err()
 }
 
 // SinkConfigFromURL builds a SinkConfig from a URL like ConfigFromURL's;
 // the source parameters (dlq, dlq_mode, max_attempts, wait, visibility,
-// ack_linger) are errors.
+// ack_linger, pollers) are errors.
 func SinkConfigFromURL(u *url.URL) (SinkConfig, error) {
 	_, conn, queueURL, err := parseURL(u, urlparam.Sink)
 	if err != nil {
