@@ -106,6 +106,7 @@ func testFIFOGroupOrder(t *testing.T, mode consumer.RetryMode) {
 		t.Fatal(err)
 	}
 	stop := startConsumer(ctx, t, cons)
+	defer stop()
 	select {
 	case <-done:
 	case <-ctx.Done():

@@ -112,8 +112,9 @@ func awsReceive(queueURL string) *rawReceive {
 	}}
 }
 
-// startConsumer runs cons until the returned stop is called (or t ends),
-// which cancels it, waits for Run and fails t if Run failed.
+// startConsumer runs cons until the returned stop is called, which
+// cancels it, waits for Run and fails t if Run failed. Defer stop after
+// deferring the source's Close: the consumer stops first.
 func startConsumer(ctx context.Context, t testing.TB, cons *consumer.Consumer) (stop func()) {
 	t.Helper()
 	runCtx, cancel := context.WithCancel(ctx)
@@ -128,6 +129,5 @@ func startConsumer(ctx context.Context, t testing.TB, cons *consumer.Consumer) (
 			}
 		})
 	}
-	t.Cleanup(stop)
 	return stop
 }

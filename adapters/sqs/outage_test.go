@@ -99,7 +99,7 @@ func TestOutageLosesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startConsumer(ctx, t, cons)
+	defer startConsumer(ctx, t, cons)()
 
 	select {
 	case <-cutAt:

@@ -125,7 +125,7 @@ func TestPollersConcurrentWithinWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	startConsumer(ctx, t, cons)
+	defer startConsumer(ctx, t, cons)()
 
 	select {
 	case <-watch.reached:
