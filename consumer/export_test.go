@@ -54,3 +54,6 @@ func StallWatchParked(c *Consumer) bool {
 	}
 	return true
 }
+
+// StallWatchWakes is how many times the stall watch woke up in c's Runs.
+func StallWatchWakes(c *Consumer) uint64 { return c.pool.watchWakes.Load() }

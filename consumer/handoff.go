@@ -68,6 +68,8 @@ type pool struct {
 	// watchWake wakes the stall watch: a worker's watch timer sends on it
 	// (capacity 1; set by Run).
 	watchWake chan struct{}
+	// watchWakes counts the stall watch's wake-ups (for tests).
+	watchWakes atomic.Uint64
 }
 
 // task is an in-flight message on its way to a handler, with its lane (nil
@@ -441,6 +443,7 @@ func (p *pool) stallWatch(quit <-chan struct{}) {
 		case <-quit:
 			return
 		}
+		p.watchWakes.Add(1)
 		now := monotime()
 		// Under mu: a worker clears its active chunk under mu before the
 		// chunk is recycled.
