@@ -44,12 +44,13 @@
 // window has room for (the latest Receive's len(buf), less what was handed
 // over since, less what was received and not handed over yet), so no
 // message waits in the source burning its visibility timeout for want of
-// a place. They go on between Receive calls; when the latest Receive's
-// context ends (a consumer stopping) or the source closes, they are
-// cancelled, and the messages received but not handed over go back to the
-// queue at once (ChangeMessageVisibilityBatch to 0). A poll cancelled
-// during its long poll may leave messages SQS had already handed out
-// invisible until their visibility timeout ends.
+// a place. They go on between Receive calls. When the latest Receive's
+// context ends (a consumer stopping) no new one starts, and the messages
+// received but not handed over, and those the polls under way still
+// bring, go back to the queue at once (ChangeMessageVisibilityBatch to 0);
+// the polls under way run to their end, since a long poll cancelled may
+// leave messages SQS had already handed out invisible until their
+// visibility timeout ends. Close cancels them.
 // Capabilities:
 //   - DeliveryCount: Attempt is ApproximateReceiveCount (bounded by
 //     ackwise.MaxAttempt); a producer's ackwise-attempt attribute is not

@@ -37,10 +37,11 @@ const (
 // Messages received and not handed over (ready) and those polls under way
 // may bring (reserved) count against it, so that the engine's messages in
 // flight plus the source's never exceed the engine's window. Polls go on
-// between two Receive calls with the room left; when the context of the
-// latest Receive ends (the engine stopped), or the source closes, the
-// polls under way are cancelled and the messages ready are handed back
-// (visibility 0) rather than left to burn their visibility timeout.
+// between two Receive calls with the room left. When the context of the
+// latest Receive ends (the engine stopped) no more start, and the messages
+// ready and those the polls under way bring are handed back (visibility 0)
+// rather than left to burn their visibility timeout; the polls under way
+// run to their end (Close cancels them).
 //
 // On a FIFO queue two polls never hold messages of one group: SQS hands
 // out no message of a group while an earlier one is in flight, so the
@@ -55,13 +56,11 @@ type pollers struct {
 	running  int                // polls under way
 	ready    []*ackwise.Message // received, not handed over, oldest first
 	err      error              // a poll's error, for the next Receive
-	gen      uint64             // the polling session; a poll of another is late
-	watch    uint64             // the latest Receive's, whose context ends the session
-	ctx      context.Context    // the session's, for polls; nil: none
-	cancel   context.CancelFunc
-	unwatch  func() bool    // stops watching the latest Receive's context
-	notify   chan struct{}  // capacity 1: ready or err changed
-	wg       sync.WaitGroup // polls and releases under way
+	active   bool               // the latest Receive's context has not ended
+	watch    uint64             // the latest Receive's, whose context ends active
+	unwatch  func() bool        // stops watching the latest Receive's context
+	notify   chan struct{}      // capacity 1: ready or err changed
+	wg       sync.WaitGroup     // polls and releases under way
 	in       sqs.ReceiveMessageInput
 }
 
@@ -93,7 +92,7 @@ func (p *pollers) receive(ctx context.Context, buf []*ackwise.Message) (int, err
 		return 0, adapters.ErrClosed
 	}
 	p.room = len(buf)
-	// The latest Receive's context ends the session: the one of an
+	// The latest Receive's context ends the polling: the one of an
 	// earlier Receive, ending later (a Receive with a context of its own
 	// per call), does not.
 	if p.unwatch != nil {
@@ -102,10 +101,7 @@ func (p *pollers) receive(ctx context.Context, buf []*ackwise.Message) (int, err
 	p.watch++
 	watch := p.watch
 	p.unwatch = context.AfterFunc(ctx, func() { p.halt(watch) })
-	if p.ctx == nil && ctx.Err() == nil {
-		p.gen++
-		p.ctx, p.cancel = context.WithCancel(s.stop)
-	}
+	p.active = ctx.Err() == nil
 	for {
 		if n := copy(buf, p.ready); n > 0 {
 			clear(p.ready[:n])
@@ -145,7 +141,7 @@ func (p *pollers) receive(ctx context.Context, buf []*ackwise.Message) (int, err
 // Not after an error that the next Receive has yet to return: the engine
 // backs off between the two. Called with p.mu held.
 func (p *pollers) startLocked() {
-	if p.ctx == nil || p.err != nil {
+	if !p.active || p.err != nil || p.s.closed.Load() {
 		return
 	}
 	for p.running < p.n {
@@ -156,14 +152,18 @@ func (p *pollers) startLocked() {
 		p.running++
 		p.reserved += ask
 		p.wg.Add(1)
-		go p.poll(p.ctx, p.gen, ask)
+		go p.poll(ask)
 	}
 }
 
-// poll makes one ReceiveMessage call of up to ask messages.
-func (p *pollers) poll(ctx context.Context, gen uint64, ask int) {
+// poll makes one ReceiveMessage call of up to ask messages. Only Close
+// cancels it: cancelled during its long poll, it may leave messages SQS had
+// already handed out invisible until their visibility timeout ends, so a
+// Receive's context ending lets it run to its end instead.
+func (p *pollers) poll(ask int) {
 	defer p.wg.Done()
 	s := p.s
+	ctx := s.stop
 	in := p.in // a copy: each poll asks for its own count
 	in.MaxNumberOfMessages = int32(ask)
 	out, err := s.client.ReceiveMessage(ctx, &in)
@@ -189,15 +189,14 @@ func (p *pollers) poll(ctx context.Context, gen uint64, ask int) {
 	p.mu.Lock()
 	p.running--
 	p.reserved -= ask
-	if gen != p.gen || p.ctx == nil {
-		// The session ended while this poll was under way.
+	if !p.active || s.closed.Load() {
+		// The Receive's context ended (or the source closed) while this
+		// poll was under way: nobody takes these now.
 		p.mu.Unlock()
 		p.release(handles(got))
 		return
 	}
 	switch {
-	case err != nil && ctx.Err() != nil:
-		// Cancelled with the session: halt reports nothing.
 	case err != nil:
 		p.err = fmt.Errorf("sqs: receive from %s: %w", s.name, err)
 	default:
@@ -215,17 +214,17 @@ func (p *pollers) poll(ctx context.Context, gen uint64, ask int) {
 	p.mu.Unlock()
 }
 
-// halt ends the polling session if watch is still the latest Receive's:
-// that Receive's context ended, or the source closes. Polls under way are
-// cancelled, and the messages ready go back to the queue.
+// halt stops the polling if watch is still the latest Receive's: that
+// Receive's context ended, or the source closes. No poll starts until the
+// next Receive; the messages ready go back to the queue (visibility 0), and
+// so do those the polls under way bring.
 func (p *pollers) halt(watch uint64) {
 	p.mu.Lock()
-	if p.ctx == nil || watch != p.watch {
+	if !p.active || watch != p.watch {
 		p.mu.Unlock()
 		return
 	}
-	p.cancel()
-	p.ctx, p.cancel = nil, nil
+	p.active = false
 	p.room = 0
 	ready := p.ready
 	p.ready = nil
@@ -239,7 +238,8 @@ func (p *pollers) halt(watch uint64) {
 	p.release(hs)
 }
 
-// close halts the polls and waits for them and the releases they make.
+// close halts the polls and waits for them (Close cancelled them) and the
+// releases they make.
 func (p *pollers) close() {
 	p.mu.Lock()
 	watch := p.watch

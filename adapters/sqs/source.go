@@ -239,9 +239,10 @@ func (s *Source) now() time.Duration { return time.Since(s.epoch) }
 // up to 10 messages each, every message attribute and system attribute,
 // the lease as the visibility timeout), and keep running between two
 // Receive calls, asking for no more than len(buf) messages in all, less
-// those handed over since; when ctx ends or the source closes they stop,
-// and the messages received but not handed over go back to the queue at
-// once (ChangeMessageVisibilityBatch to 0).
+// those handed over since. When ctx ends no new one starts, and the
+// messages received but not handed over go back to the queue at once
+// (ChangeMessageVisibilityBatch to 0), as do those the polls under way
+// still bring (they run to their end; Close cancels them).
 func (s *Source) Receive(ctx context.Context, buf []*ackwise.Message) (int, error) {
 	if len(buf) == 0 {
 		return 0, nil
@@ -552,8 +553,10 @@ func (s *Source) Extensions() adapters.Extensions {
 // Valid (adapters.Invalidator).
 func (s *Source) OnInvalid(f func()) { s.invalid.OnInvalid(f) }
 
-// Close stops receiving (a Receive under way returns adapters.ErrClosed)
-// and waits for the deletes of acks already made. Unsettled deliveries
+// Close stops receiving (a Receive under way returns adapters.ErrClosed),
+// cancels the polls under way, hands back the messages received and not
+// handed over (visibility 0), and waits for the deletes of acks already
+// made. Unsettled deliveries
 // come back when their visibility timeout ends.
 func (s *Source) Close() error {
 	s.once.Do(func() {
