@@ -200,3 +200,59 @@ func mustURL(t *testing.T, s string) *url.URL {
 	}
 	return u
 }
+
+// TestPollersPerCallContext: a caller that gives each Receive a context of
+// its own, ended as the call returns (dlq redrive and inspect do), while
+// polls for the rest of its room are still under way. Those polls are not
+// cancelled (a long poll cancelled may leave what SQS had handed out
+// invisible for the visibility timeout, 30 s here) and what they bring
+// goes back to the queue at once, so every message is received, acked
+// once, well within one visibility timeout.
+func TestPollersPerCallContext(t *testing.T) {
+	t.Parallel()
+	const n = 100
+	raw := testClient(t)
+	q := createQueue(t, raw, "pollers-percall", 30*time.Second, false)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
+	defer cancel()
+	for i := 0; i < n; i += maxBatch {
+		entries := make([]types.SendMessageBatchRequestEntry, maxBatch)
+		for j := range entries {
+			entries[j] = types.SendMessageBatchRequestEntry{Id: aws.String(strconv.Itoa(j)), MessageBody: aws.String("m" + strconv.Itoa(i+j))}
+		}
+		if out, err := raw.SendMessageBatch(ctx, &sqs.SendMessageBatchInput{QueueUrl: aws.String(q), Entries: entries}); err != nil || len(out.Failed) > 0 {
+			t.Fatalf("send: %v %+v", err, out)
+		}
+	}
+	src, err := NewSource(ctx, Config{QueueURL: q, Connection: testConn(t), Pollers: 4, WaitTime: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	seen := map[string]int{}
+	buf := make([]*ackwise.Message, 40)
+	errs := make([]error, len(buf))
+	for len(seen) < n {
+		callCtx, done := context.WithTimeout(ctx, 5*time.Second)
+		k, err := src.Receive(callCtx, buf)
+		done()
+		if ctx.Err() != nil {
+			t.Fatalf("%d of %d received before the test's deadline (messages left invisible?)", len(seen), n)
+		}
+		if err != nil && callCtx.Err() == nil {
+			t.Fatal(err)
+		}
+		src.AckBatch(ctx, buf[:k], errs[:k])
+		for i, m := range buf[:k] {
+			if errs[i] != nil {
+				t.Fatalf("ack %s: %v", m.Payload, errs[i])
+			}
+			seen[string(m.Payload)]++
+		}
+	}
+	for id, c := range seen {
+		if c != 1 {
+			t.Errorf("%s received %d times", id, c)
+		}
+	}
+}
