@@ -275,6 +275,14 @@ func (b *breakerState) runProbe(gen uint64) {
 	if !b.open || c.stopping.Load() || len(b.held) == 0 || b.probing != nil {
 		return
 	}
+	// Held messages that stopped being this consumer's without the source
+	// telling (no Invalidator: an SQS lease that ran out during the outage)
+	// go back now, all at once, instead of one a probe interval; with none
+	// left the breaker closes.
+	b.handBackInvalidLocked()
+	if len(b.held) == 0 {
+		return
+	}
 	t := b.held[0]
 	b.held = b.held[1:]
 	b.probing = t.msg

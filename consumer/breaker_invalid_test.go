@@ -123,3 +123,43 @@ func TestLostReceiptEndsBreakerHold(t *testing.T) {
 		})
 	}
 }
+
+// Held messages whose receipts were lost without the source telling (no
+// Invalidator: an SQS lease that ran out while the breaker held the
+// message) are all handed back at the first probe, not one a probe
+// interval, and the breaker, left with nothing to probe with, closes. The
+// clock advances by one probe interval only: one message a probe would
+// leave three held.
+func TestSilentlyLostReceiptsHandedBackAtOneProbe(t *testing.T) {
+	t.Parallel()
+	ms := msgs(4, 4)
+	src := newFakeSource(adapters.Capabilities{}, ms...)
+	clock := memory.NewVirtualClock(time.Time{})
+	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error {
+		return errors.New("503: dependency down")
+	})
+	c, err := consumer.New(src, h, consumer.Config{
+		Concurrency: 4, Clock: clock, RetryMode: consumer.RetryInPlace,
+		Breaker: &consumer.Breaker{Threshold: 1, ProbeInterval: time.Second},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	if !waitStats(c, 10*time.Second, func(s consumer.Stats) bool { return s.Held == 4 }) {
+		t.Fatalf("stats %+v: want all four messages held", c.Stats())
+	}
+	for _, m := range ms {
+		src.lose(m) // no OnInvalid: the engine is not told
+	}
+	clock.Advance(time.Second) // one probe
+	if !src.waitReleased(4, 10*time.Second) {
+		t.Fatalf("released %v after one probe, want all four", src.released)
+	}
+	if !waitStats(c, 10*time.Second, func(s consumer.Stats) bool { return s.InFlight == 0 && !s.Paused }) {
+		t.Fatalf("stats %+v: the breaker is still open, or messages in flight", c.Stats())
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
