@@ -88,6 +88,27 @@ func GroupOffsets(ctx context.Context, cfg SourceConfig) ([]PartitionOffsets, er
 
 // groupOffsets is GroupOffsets with a client (three requests).
 func groupOffsets(ctx context.Context, adm *kadm.Client, cfg SourceConfig) ([]PartitionOffsets, error) {
+	st, err := groupStandings(ctx, adm, cfg)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PartitionOffsets, len(st))
+	for i, p := range st {
+		out[i] = p.PartitionOffsets
+	}
+	return out, nil
+}
+
+// standing is where a group stands on one partition, with the offsets
+// between Committed and End that its commit metadata names as settled
+// (Settled counts them).
+type standing struct {
+	PartitionOffsets
+	settled map[int64]struct{}
+}
+
+// groupStandings is groupOffsets with the settled offsets themselves.
+func groupStandings(ctx context.Context, adm *kadm.Client, cfg SourceConfig) ([]standing, error) {
 	topics := append([]string{cfg.Topic}, cfg.retryTopics()...)
 	ends, err := adm.ListCommittedOffsets(ctx, topics...)
 	if err == nil {
@@ -118,9 +139,9 @@ func groupOffsets(ctx context.Context, adm *kadm.Client, cfg SourceConfig) ([]Pa
 	if err != nil {
 		return nil, fmt.Errorf("kafka: backlog of %v: fetch the offsets of group %q: %w", topics, cfg.Group, err)
 	}
-	var out []PartitionOffsets
+	var out []standing
 	ends.Each(func(e kadm.ListedOffset) {
-		p := PartitionOffsets{Topic: e.Topic, Partition: e.Partition, End: e.Offset}
+		p := standing{PartitionOffsets: PartitionOffsets{Topic: e.Topic, Partition: e.Partition, End: e.Offset}}
 		if st, ok := starts.Lookup(e.Topic, e.Partition); ok {
 			p.Committed = st.Offset
 		}
@@ -129,6 +150,10 @@ func groupOffsets(ctx context.Context, adm *kadm.Client, cfg SourceConfig) ([]Pa
 			for off := range decodeSettled(o.At, o.Metadata) {
 				if off >= p.Committed && off < e.Offset {
 					p.Settled++
+					if p.settled == nil {
+						p.settled = make(map[int64]struct{})
+					}
+					p.settled[off] = struct{}{}
 				}
 			}
 		} else if e.Topic == cfg.Topic && cfg.StartOffset == "latest" {
@@ -136,7 +161,7 @@ func groupOffsets(ctx context.Context, adm *kadm.Client, cfg SourceConfig) ([]Pa
 		}
 		out = append(out, p)
 	})
-	slices.SortFunc(out, func(a, b PartitionOffsets) int {
+	slices.SortFunc(out, func(a, b standing) int {
 		return cmp.Or(cmp.Compare(a.Topic, b.Topic), cmp.Compare(a.Partition, b.Partition))
 	})
 	return out, nil
