@@ -40,9 +40,13 @@
 // offsets less the group's commits, SQS's messages available, in flight
 // and delayed; Pub/Sub has no count in its data plane, and the depth is
 // printed as unknown, never 0), then counts by reason, error class and source, distinct
-// event IDs and their copies, and the oldest dead letter's age over a
-// sample of up to -n messages whose size it states; a sample the broker
-// cut short (RabbitMQ's prefetch) says so. A queue or topic that does not
+// event IDs and their copies over a sample of up to -n messages whose
+// size it states; a sample the broker cut short (RabbitMQ's prefetch) says
+// so. The oldest dead letter's age is the broker's where the source tells
+// it (dlq.Ager: Kafka, the oldest record the group has not read, printed
+// "oldest age: … (the broker's …)", JSON broker_oldest_age_seconds), else
+// the sample's (RabbitMQ, SQS and Pub/Sub: their data planes cannot tell
+// it without taking a message; see docs/redrive.md). A queue or topic that does not
 // exist is an error (exit status 1), never an empty destination.
 //
 // ls, show, inspect and stats receive dead letters and release every one of

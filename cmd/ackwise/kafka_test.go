@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -146,5 +147,66 @@ func createTopic(t *testing.T, ctx context.Context, c *kfake.Cluster, topic stri
 	t.Helper()
 	if err := kafka.CreateTopics(ctx, kafka.SourceConfig{ClientConfig: kafka.ClientConfig{Brokers: c.ListenAddrs()}, Topic: topic}, partitions, 1); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestKafkaStatsBrokerOldestAge checks that stats on a Kafka dead-letter
+// topic prints the oldest age the broker tells (kafka.Source.Oldest, the
+// oldest record the group has not read, by its envelope's last failure)
+// rather than the sample's, in text and JSON, and "none" when the topic is
+// empty.
+func TestKafkaStatsBrokerOldestAge(t *testing.T) {
+	t.Parallel()
+	c, addr := kfakeCluster(t)
+	topic := fmt.Sprintf("orders-%d.dlq", time.Now().UnixNano())
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	createTopic(t, ctx, c, topic, 2)
+	deadURL := "kafka://" + addr + "/" + topic + "?group=ops"
+
+	code, out, errOut := ackwiseRun(t, "dlq", "stats", deadURL, "--idle", kafkaIdle)
+	if code != exitOK || !strings.Contains(out, "depth: 0 ") || !strings.Contains(out, "oldest age: none (the broker's: no dead letter left to read)\n") {
+		t.Fatalf("stats of an empty topic: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+
+	// Partition 1 holds the oldest, failed at t0; partition 0 one failed
+	// later but written first. The records' own timestamps are now.
+	t0 := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(c.ListenAddrs()...), kgo.DefaultProduceTopic(topic), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	for i, p := range []int32{0, 1, 1} {
+		at := t0.Add(time.Duration(2-i) * time.Hour) // 12:00, 11:00, 10:00
+		if i == 2 {
+			at = t0.Add(3 * time.Hour) // written after the oldest
+		}
+		m := &ackwise.Message{ID: fmt.Sprint("e", i), Source: "orders", Partition: -1, Offset: -1}
+		env := dlq.New(m, dlq.ReasonPermanent, errors.New("bad input"), ackwise.ClassPermanent, at, "billing", "v1")
+		rec := &kgo.Record{Partition: p, Value: []byte("x")}
+		for _, kv := range env.Apply(ackwise.HeadersOf(ackwise.HeaderEventID, m.ID)) {
+			rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: kv.Key, Value: []byte(kv.Value)})
+		}
+		if err := cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The oldest unread: partition 0's first (12:00) and partition 1's
+	// first (11:00); the 13:00 one behind it is not looked at.
+	code, out, errOut = ackwiseRun(t, "dlq", "stats", deadURL, "--idle", kafkaIdle)
+	if code != exitOK || !strings.Contains(out, "depth: 3 ") ||
+		!strings.Contains(out, "oldest age: ") || !strings.Contains(out, " (the broker's: the oldest dead letter not yet read, written 2026-11-29T11:00:00Z)\n") ||
+		strings.Contains(out, "oldest dead letter: written") {
+		t.Fatalf("stats: exit %d\nstdout %s\nstderr %s", code, out, errOut)
+	}
+	code, out, errOut = ackwiseRun(t, "dlq", "stats", deadURL, "--idle", kafkaIdle, "--json")
+	var s statsOut
+	if err := json.Unmarshal([]byte(out), &s); err != nil || code != exitOK {
+		t.Fatalf("stats --json: exit %d, %v\nstdout %s\nstderr %s", code, err, out, errOut)
+	}
+	if s.BrokerOldest == nil || !s.BrokerOldest.Equal(t0.Add(time.Hour)) || s.BrokerOldestAgeSeconds == nil ||
+		*s.BrokerOldestAgeSeconds < time.Since(t0.Add(time.Hour)).Seconds()-60 {
+		t.Fatalf("stats --json: broker oldest %v, age %v", s.BrokerOldest, s.BrokerOldestAgeSeconds)
 	}
 }

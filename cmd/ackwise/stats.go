@@ -40,7 +40,15 @@ type statsOut struct {
 	// OldestAgeSeconds is how long ago the oldest dead letter of the
 	// sample was written (its last failure), where known.
 	OldestAgeSeconds *float64 `json:"oldest_age_seconds,omitempty"`
-	Stop             string   `json:"stop"`
+	// BrokerOldestAgeSeconds is the age of the oldest dead letter the
+	// destination holds by the broker (dlq.Ager: Kafka, the oldest record
+	// the group has not read), 0 when it holds none; nil when the source
+	// cannot tell (then the sample's OldestAgeSeconds is all there is).
+	BrokerOldestAgeSeconds *float64 `json:"broker_oldest_age_seconds"`
+	// BrokerOldest is when that dead letter was written (its envelope's
+	// last failure, else its broker timestamp), when there is one.
+	BrokerOldest *time.Time `json:"broker_oldest,omitempty"`
+	Stop         string     `json:"stop"`
 }
 
 func statsCmd(e env) *cobra.Command {
@@ -62,8 +70,9 @@ func statsCmd(e env) *cobra.Command {
 
 func stats(ctx context.Context, stdout io.Writer, a sampleArgs) error {
 	var (
-		depth = -1
-		res   dlq.InspectResult
+		depth  = -1
+		res    dlq.InspectResult
+		oldest *time.Time // of the broker (dlq.Ager); zero: it holds none
 	)
 	err := withSource(ctx, a.url, func(src adapters.Source) error {
 		// The depth first: a RabbitMQ source counts only until it has
@@ -75,6 +84,16 @@ func stats(ctx context.Context, stdout io.Writer, a sampleArgs) error {
 			}
 			depth = n
 		}
+		if ag, ok := src.(dlq.Ager); ok {
+			at, found, err := ag.Oldest(ctx)
+			if err != nil {
+				return fmt.Errorf("oldest dead letter of %s: %w", redact(a.url), err)
+			}
+			if !found {
+				at = time.Time{}
+			}
+			oldest = &at
+		}
 		var err error
 		res, err = sampleFrom(ctx, src, a.url, a.n, a.idle)
 		return err
@@ -82,7 +101,16 @@ func stats(ctx context.Context, stdout io.Writer, a sampleArgs) error {
 	if err != nil {
 		return err
 	}
-	s := summarize(res, depth, a.n, time.Now())
+	now := time.Now()
+	s := summarize(res, depth, a.n, now)
+	if oldest != nil {
+		age := 0.0
+		if !oldest.IsZero() {
+			age = max(now.Sub(*oldest), 0).Seconds()
+			s.BrokerOldest = oldest
+		}
+		s.BrokerOldestAgeSeconds = &age
+	}
 	if a.asJSON {
 		return json.NewEncoder(stdout).Encode(s)
 	}
@@ -129,6 +157,11 @@ func summarize(res dlq.InspectResult, depth, n int, now time.Time) statsOut {
 	return s
 }
 
+// seconds is secs as a duration, to the second.
+func seconds(secs float64) time.Duration {
+	return time.Duration(secs * float64(time.Second)).Round(time.Second)
+}
+
 // earliest returns the earlier of *p and t, ignoring nil and the zero time.
 func earliest(p *time.Time, t time.Time) *time.Time {
 	if t.IsZero() || (p != nil && !t.Before(*p)) {
@@ -165,9 +198,13 @@ func printStats(w io.Writer, s statsOut, stop dlq.StopReason, a sampleArgs) {
 			fmt.Fprintf(w, "  %-24s %d\n", field(k), g.counts[k])
 		}
 	}
-	if s.OldestLast != nil {
-		age := time.Duration(*s.OldestAgeSeconds * float64(time.Second)).Round(time.Second)
-		fmt.Fprintf(w, "oldest dead letter: written %s (age %v)\n", s.OldestLast.UTC().Format(time.RFC3339), age)
+	switch {
+	case s.BrokerOldest != nil:
+		fmt.Fprintf(w, "oldest age: %v (the broker's: the oldest dead letter not yet read, written %s)\n", seconds(*s.BrokerOldestAgeSeconds), s.BrokerOldest.UTC().Format(time.RFC3339))
+	case s.BrokerOldestAgeSeconds != nil:
+		fmt.Fprintln(w, "oldest age: none (the broker's: no dead letter left to read)")
+	case s.OldestLast != nil:
+		fmt.Fprintf(w, "oldest dead letter: written %s (age %v, of the sample)\n", s.OldestLast.UTC().Format(time.RFC3339), seconds(*s.OldestAgeSeconds))
 	}
 	if s.OldestFirst != nil {
 		fmt.Fprintf(w, "oldest first failure: %s\n", s.OldestFirst.UTC().Format(time.RFC3339))
