@@ -68,7 +68,10 @@ type DepthMetricsConfig struct {
 	// DefaultDepthInterval (30s); at least MinDepthInterval (1s).
 	Interval time.Duration
 	// Oldest, when set, tells the age of the oldest dead letter, for
-	// ackwise.dlq.oldest.age. Default nil: that gauge is left out.
+	// ackwise.dlq.oldest.age: the Kafka source implements Ager (the
+	// RabbitMQ, SQS and Pub/Sub ones cannot tell it without taking a
+	// message; docs/observability.md says why). Default nil: that gauge is
+	// left out.
 	Oldest Ager
 	// Clock is the time source of the interval and the age. Default
 	// ackwise.SystemClock.

@@ -147,7 +147,11 @@
 // dead_letter_topic=), a topic as the redrive's target. The Source is no
 // dlq.Backlogger: Pub/Sub's data plane has no message count (the backlog
 // is a Cloud Monitoring metric), so stats says the depth is unknown rather
-// than 0, and a redrive runs until idle. A message released at the end of
+// than 0, and a redrive runs until idle. Nor is it a dlq.Ager: the age of
+// the oldest unacknowledged message is the Cloud Monitoring metric
+// subscription/oldest_unacked_message_age, and a pull to look at one
+// counts as a delivery attempt toward the subscription's dead-letter
+// policy; stats prints the age of the oldest dead letter of its sample. A message released at the end of
 // a run may be in transit to the closing client; it comes back after its
 // ack deadline, for the next run.
 //

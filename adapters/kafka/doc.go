@@ -127,6 +127,16 @@
 // does not fit its retry topic is dead-lettered (reason unroutable) instead
 // of moved. See docs/kafka.md.
 //
+// A Source tells the depth and the age of what its group has yet to read,
+// also on a dead-letter topic: Source.Backlog (dlq.Backlogger: end offsets
+// less the group's commits) and Source.Oldest (dlq.Ager: when the first
+// unread record of each partition with a backlog was dead-lettered, by its
+// envelope's last failure, else its timestamp; the earliest of them).
+// Oldest fetches those records with a client of its own that joins no
+// group and commits nothing, so the group's consumers are not disturbed.
+// dlq.NewDepthMetrics reports both as ackwise.dlq.depth and
+// ackwise.dlq.oldest.age, and the ackwise CLI's dlq stats prints them.
+//
 // # Sink
 //
 // [NewSink] publishes with acks=all and idempotent writes (franz-go's

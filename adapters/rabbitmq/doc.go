@@ -328,6 +328,21 @@
 // letters back. Open a source per run: once it has received, its count is
 // stale and Backlog returns an error.
 //
+// The Source is no dlq.Ager: AMQP 0-9-1 cannot read the age of a queue's
+// oldest message without taking it. A peek would be a basic.get handed
+// back with a requeue, and that is not harmless: on a quorum queue a
+// return counts as a delivery (every return before RabbitMQ 4.3,
+// basic.reject from 4.3 on), so a peek every scrape spends the message's
+// x-delivery-limit and the broker dead-letters or drops it; on any queue
+// the message is out of the consumers' reach while held and comes back
+// marked redelivered; and with consumers attached the head is already
+// delivered, so a get reads a younger message. The management plugin's
+// head_message_timestamp is outside AMQP and is the timestamp property the
+// publisher set, not when the message was dead-lettered. So
+// ackwise.dlq.oldest.age is left out for RabbitMQ (or pass a dlq.AgerFunc
+// of your own), and the ackwise CLI's dlq stats prints the age of the
+// oldest dead letter of its sample, read from the queue's head.
+//
 // # Concurrency
 //
 // Receive is called from one goroutine at a time; Ack, Nack, DeadLetter,

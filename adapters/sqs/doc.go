@@ -132,6 +132,14 @@
 // empty). SQS's counts are approximate; a queue that does not exist is an
 // error, never 0.
 //
+// The Source is no dlq.Ager: the age of a queue's oldest message,
+// ApproximateAgeOfOldestMessage, is a CloudWatch metric, not a queue
+// attribute GetQueueAttributes returns, and a receive to look at messages
+// hides them from consumers for the visibility timeout and counts toward
+// their ApproximateReceiveCount (which a redrive policy on the dead-letter
+// queue itself counts). Alert on that CloudWatch metric; the ackwise CLI's
+// dlq stats prints the age of the oldest dead letter of its sample.
+//
 // # Sink
 //
 // Publish sends with SendMessageBatch, up to 10 messages and MaxBatchBytes
