@@ -44,7 +44,8 @@ var _ dlq.Ager = (*Source)(nil)
 // (a broker that does not answer; the records above the committed offset
 // all in a transaction still open) makes it fail, naming the partition.
 // SourceConfig.Options apply to that client too; a consumer group among
-// them is refused.
+// them is refused. It may be called concurrently with the source's other
+// methods.
 func (s *Source) Oldest(ctx context.Context) (time.Time, bool, error) {
 	st, err := groupStandings(ctx, kadm.NewClient(s.cl), s.cfg)
 	if err != nil {

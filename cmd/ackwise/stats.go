@@ -51,6 +51,12 @@ type statsOut struct {
 	Stop         string     `json:"stop"`
 }
 
+// oldestTimeout bounds the call to the broker for the oldest dead letter
+// (dlq.Ager): Kafka's waits for a record from every partition with a
+// backlog, which a transaction left open above the committed offset holds
+// back until it ends.
+const oldestTimeout = 30 * time.Second
+
 func statsCmd(e env) *cobra.Command {
 	var a sampleArgs
 	c := &cobra.Command{
@@ -85,7 +91,9 @@ func stats(ctx context.Context, stdout io.Writer, a sampleArgs) error {
 			depth = n
 		}
 		if ag, ok := src.(dlq.Ager); ok {
-			at, found, err := ag.Oldest(ctx)
+			actx, cancel := context.WithTimeout(ctx, oldestTimeout)
+			at, found, err := ag.Oldest(actx)
+			cancel()
 			if err != nil {
 				return fmt.Errorf("oldest dead letter of %s: %w", redact(a.url), err)
 			}
