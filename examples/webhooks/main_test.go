@@ -22,8 +22,8 @@ func eventsOf(cfg config, c int) int {
 // every other customer gets all of its events despite 503s, 429s, a
 // timeout and duplicate deliveries.
 func TestWebhooksDeliverOnceOrDeadLetter(t *testing.T) {
-	cfg := config{invoices: 130, customers: 10, seed: 7, timeout: 300 * time.Millisecond}
-	sum, err := run(cfg)
+	cfg := config{invoices: 130, customers: 10, seed: 7, timeout: 300 * time.Millisecond, schedule: mustSchedule(t, defaultSchedule)}
+	sum, err := run(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +46,16 @@ func TestWebhooksDeliverOnceOrDeadLetter(t *testing.T) {
 }
 
 func TestWebhooksRejectsBadFlags(t *testing.T) {
-	if _, err := run(config{invoices: 0, customers: 10, timeout: time.Second}); err == nil {
+	if _, err := run(t.Context(), config{invoices: 0, customers: 10, timeout: time.Second, schedule: []time.Duration{time.Second}}); err == nil {
 		t.Fatal("invoices=0 accepted")
 	}
+}
+
+func mustSchedule(t *testing.T, s string) []time.Duration {
+	t.Helper()
+	ds, err := parseSchedule(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ds
 }

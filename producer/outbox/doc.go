@@ -35,7 +35,10 @@
 //     (ackwise.Permanent), or one out of Config.RowRetry attempts, is set
 //     aside with its error and counted; the next row of its key follows.
 //     Other failures (an outage) release the row to be claimed again after
-//     a backoff, its key waiting with it; nothing is lost.
+//     a backoff, its key waiting with it; nothing is lost. A row the store
+//     cannot read (its stored headers do not decode) comes back from the
+//     claim with Row.Err and is parked with that error, unpublished; it
+//     does not fail the claim of the rows beside it.
 //   - Drain. When Run's ctx ends, the relay stops claiming, lets the
 //     batches in flight finish for up to Config.DrainTimeout, marks what
 //     was confirmed and releases the rest for the next relay.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -172,6 +173,10 @@ func (r *Relay) work(ctx, hard context.Context) {
 // relay publishes the claimed rows and records each one's outcome: sent,
 // parked, or released for a later claim.
 func (r *Relay) relay(hard context.Context, rows []Row) {
+	rows = r.parkUnreadable(hard, rows)
+	if len(rows) == 0 {
+		return
+	}
 	msgs := make([]*ackwise.Message, len(rows))
 	for i, row := range rows {
 		msgs[i] = row.Message
@@ -220,12 +225,7 @@ func (r *Relay) relay(hard context.Context, rows []Row) {
 	for _, f := range failures {
 		row := rows[f.Index]
 		if reason, park := r.parkReason(row, f.Err); park {
-			if err := r.store.Park(bctx, r.cfg.Owner, row.ID, reason); err != nil {
-				r.log.Error("outbox: parking a row failed", "id", row.ID, "event_id", row.Message.ID, "err", err)
-				continue
-			}
-			r.m.parkedRow()
-			r.log.Warn("outbox: row parked", "id", row.ID, "event_id", row.Message.ID, "key", row.Message.Key, "reason", reason)
+			r.park(bctx, row, reason)
 			continue
 		}
 		g := groups[row.Attempts]
@@ -246,6 +246,35 @@ func (r *Relay) relay(hard context.Context, rows []Row) {
 			r.log.Error("outbox: releasing failed rows failed; their claims run out instead", "rows", len(g.ids), "err", err)
 		}
 	}
+}
+
+// parkUnreadable parks the rows a store could not read (Row.Err) and
+// returns the others.
+func (r *Relay) parkUnreadable(hard context.Context, rows []Row) []Row {
+	if !slices.ContainsFunc(rows, func(row Row) bool { return row.Err != nil }) {
+		return rows
+	}
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(hard), bookkeepingTimeout)
+	defer cancel()
+	ok := make([]Row, 0, len(rows))
+	for _, row := range rows {
+		if row.Err == nil {
+			ok = append(ok, row)
+			continue
+		}
+		r.park(bctx, row, "unreadable: "+errorText(row.Err))
+	}
+	return ok
+}
+
+// park parks row with reason, and logs it.
+func (r *Relay) park(ctx context.Context, row Row, reason string) {
+	if err := r.store.Park(ctx, r.cfg.Owner, row.ID, reason); err != nil {
+		r.log.Error("outbox: parking a row failed", "id", row.ID, "event_id", row.Message.ID, "err", err)
+		return
+	}
+	r.m.parkedRow()
+	r.log.Warn("outbox: row parked", "id", row.ID, "event_id", row.Message.ID, "key", row.Message.Key, "reason", reason)
 }
 
 // parkReason says whether a row that failed with err is parked: refused

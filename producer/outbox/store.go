@@ -18,6 +18,12 @@ type Row struct {
 	CreatedAt time.Time
 	// Attempts counts the claims of the row, this one included.
 	Attempts int
+	// Err, when not nil, says the stored row could not be read (its
+	// headers do not decode): Message then holds its event ID, key and
+	// payload without headers, and the relay parks the row with Err as the
+	// reason instead of publishing it. One unreadable row never fails a
+	// whole claim.
+	Err error
 }
 
 // Stats is what a store reports of its table.

@@ -6,6 +6,7 @@
 // nothing, two and four relays at once publishing no row twice with every
 // key in order and never two rows of a key in flight, a broker outage
 // growing the backlog and draining it with nothing lost, a poison row
-// parked without blocking its key, drain on shutdown releasing claims, and
-// pruning. pgoutbox and sqliteoutbox run it.
+// parked without blocking its key, a row whose stored headers do not
+// decode parked with its error (the harness corrupts it in the table),
+// drain on shutdown releasing claims, and pruning. pgoutbox and sqliteoutbox run it.
 package outboxtest

@@ -37,6 +37,11 @@ type Backend struct {
 	Add func(ctx context.Context, commit bool, msgs ...*ackwise.Message) error
 	// SentRows counts the rows marked sent, pruned ones not included.
 	SentRows func(ctx context.Context) (int64, error)
+	// Corrupt overwrites the stored headers of the row of eventID with
+	// bytes the store cannot decode, in the table directly.
+	Corrupt func(ctx context.Context, eventID string) error
+	// LastError returns the last_error recorded on the row of eventID.
+	LastError func(ctx context.Context, eventID string) (string, error)
 }
 
 // Harness makes backends.
@@ -54,6 +59,7 @@ func Run(t *testing.T, h Harness) {
 	}
 	t.Run("OutageDrains", func(t *testing.T) { t.Parallel(); testOutage(t, h) })
 	t.Run("PoisonParked", func(t *testing.T) { t.Parallel(); testPoison(t, h) })
+	t.Run("UnreadableParked", func(t *testing.T) { t.Parallel(); testUnreadable(t, h) })
 	t.Run("DrainReleases", func(t *testing.T) { t.Parallel(); testDrain(t, h) })
 	t.Run("Prune", func(t *testing.T) { t.Parallel(); testPrune(t, h) })
 }
@@ -227,8 +233,15 @@ func (b *Bundle) WaitStats(t *testing.T, what string, cond func(outbox.Stats) bo
 // Counter returns the sum of the counter name over all attributes.
 func (b *Bundle) Counter(t *testing.T, name string) int64 {
 	t.Helper()
+	return Counter(t, b.Reader, name)
+}
+
+// Counter returns the sum of the counter or gauge name that reader
+// collects, over all attributes.
+func Counter(t *testing.T, reader sdkmetric.Reader, name string) int64 {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
-	if err := b.Reader.Collect(context.Background(), &rm); err != nil {
+	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
 	}
 	var n int64
@@ -477,6 +490,41 @@ func testPoison(t *testing.T, h Harness) {
 	}
 	if st.Parked != 1 {
 		t.Errorf("Stats.Parked = %d", st.Parked)
+	}
+}
+
+func testUnreadable(t *testing.T, h Harness) {
+	b := NewBundle(t, h)
+	if b.Corrupt == nil || b.LastError == nil {
+		t.Fatal("the harness's Backend must set Corrupt and LastError")
+	}
+	bad := Seq("p", 1)
+	rows := []*ackwise.Message{Seq("p", 0), bad, Seq("p", 2), Seq("a", 0)}
+	if err := b.Add(t.Context(), true, rows...); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Corrupt(t.Context(), bad.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, stop := b.StartRelay(t, b.FastConfig())
+	msgs := b.WaitPublished(t, 3)
+	b.WaitStats(t, "one parked row", func(s outbox.Stats) bool { return s.Backlog == 0 && s.Parked == 1 })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	CheckOnceInOrder(t, msgs, []string{rows[0].ID, rows[2].ID, rows[3].ID})
+	if n := b.Counter(t, outbox.MetricParked); n != 1 {
+		t.Errorf("%s = %d, want 1", outbox.MetricParked, n)
+	}
+	if n := b.Counter(t, outbox.MetricPublishErrors); n != 0 {
+		t.Errorf("%s = %d, want 0", outbox.MetricPublishErrors, n)
+	}
+	reason, err := b.LastError(t.Context(), bad.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(reason, "unreadable") || !strings.Contains(reason, "corrupt headers") {
+		t.Errorf("parked row's last_error = %q, want the decoding error", reason)
 	}
 }
 

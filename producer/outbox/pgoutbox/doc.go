@@ -19,10 +19,14 @@
 // relays at once. NOTIFY takes a server-wide lock at commit;
 // Config.NoNotify leaves the trigger out and relays then poll.
 //
-// Claims are one UPDATE over SELECT … FOR UPDATE SKIP LOCKED of the rows
-// that head their key, with a lease (claimed_by, lease_until): relays skip
-// each other's rows instead of waiting, and a crashed relay's rows are
+// Claims are one UPDATE, by primary key, of the ids a SELECT … FOR UPDATE
+// SKIP LOCKED found heading their key (each the first unsent id of its key
+// in the (key, id) index), with a lease (claimed_by, lease_until): relays
+// skip each other's rows instead of waiting, and a crashed relay's rows are
 // claimed again once its lease runs out. Partial indexes over the unsent
 // rows keep claims cheap however many sent rows are kept for the
-// retention; the relay prunes them in batches.
+// retention; the relay prunes them in batches. Run ANALYZE on a table
+// filled in bulk right after it was created: without statistics
+// PostgreSQL plans the head probe as a walk of the (id) index, and a claim
+// costs more the more rows are ahead of it (docs/outbox.md).
 package pgoutbox

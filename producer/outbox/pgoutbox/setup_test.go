@@ -70,10 +70,13 @@ func (b *testBundle) add(ctx context.Context, commit bool, msgs ...*ackwise.Mess
 	return tx.Commit(ctx)
 }
 
+// table is the outbox table's quoted name.
+func (b *testBundle) table() string { return pgx.Identifier{b.schema, "outbox"}.Sanitize() }
+
 func (b *testBundle) count(t testing.TB, where string) int64 {
 	t.Helper()
 	var n int64
-	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+pgx.Identifier{b.schema, "outbox"}.Sanitize()+` WHERE `+where).Scan(&n); err != nil {
+	if err := b.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+b.table()+` WHERE `+where).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -109,6 +112,18 @@ func harness(cfg pgoutbox.Config, stdTx bool) outboxtest.Harness {
 			Add:   add,
 			SentRows: func(ctx context.Context) (int64, error) {
 				return b.count(t, `sent_at IS NOT NULL`), nil
+			},
+			Corrupt: func(ctx context.Context, eventID string) error {
+				_, err := b.pool.Exec(ctx, `UPDATE `+b.table()+` SET headers = '\x05ff'::bytea WHERE event_id = $1`, eventID)
+				return err
+			},
+			LastError: func(ctx context.Context, eventID string) (string, error) {
+				var s *string
+				err := b.pool.QueryRow(ctx, `SELECT last_error FROM `+b.table()+` WHERE event_id = $1`, eventID).Scan(&s)
+				if s == nil {
+					return "", err
+				}
+				return *s, err
 			},
 		}
 	}}

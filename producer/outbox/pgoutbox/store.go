@@ -96,19 +96,26 @@ func New(db *pgxpool.Pool, cfg Config) (*Store, error) {
 	t := s.table
 	s.addSQL = `INSERT INTO ` + t + ` (event_id, key, headers, payload)
 SELECT e, k, h, p FROM unnest($1::text[], $2::bytea[], $3::bytea[], $4::bytea[]) WITH ORDINALITY AS u(e, k, h, p, n) ORDER BY n`
+	// The claim locks the heads it takes (FOR UPDATE SKIP LOCKED) in a
+	// sub-select and updates them by id. A row is its key's head when it
+	// is the first pending row of the key in the key index: one probe of
+	// (key, id), whatever the planner knows of the table (a NOT EXISTS of
+	// an earlier row was planned, on a table without statistics, as a walk
+	// of the id index per row).
 	s.claimSQL = `UPDATE ` + t + ` AS o SET claimed_by = $1, lease_until = now() + $2::bigint * interval '1 microsecond', attempts = o.attempts + 1
-FROM (
+WHERE o.id = ANY(ARRAY(
 	SELECT h.id FROM ` + t + ` h
 	WHERE h.sent_at IS NULL AND h.parked_at IS NULL
 		AND (h.lease_until IS NULL OR h.lease_until <= now())
-		AND (h.key = '' OR NOT EXISTS (
-			SELECT 1 FROM ` + t + ` p
-			WHERE p.key = h.key AND p.id < h.id AND p.sent_at IS NULL AND p.parked_at IS NULL))
+		AND (h.key = '' OR h.id = (
+			SELECT p.id FROM ` + t + ` p
+			WHERE p.key = h.key AND p.sent_at IS NULL AND p.parked_at IS NULL
+			ORDER BY p.key, p.id
+			LIMIT 1))
 	ORDER BY h.id
 	LIMIT $3
 	FOR UPDATE SKIP LOCKED
-) c
-WHERE o.id = c.id
+))
 RETURNING o.id, o.event_id, o.key, o.headers, o.payload, o.created_at, o.attempts`
 	s.sentSQL = `UPDATE ` + t + ` SET sent_at = now(), claimed_by = NULL, lease_until = NULL WHERE id = ANY($1) AND sent_at IS NULL`
 	s.releaseSQL = `UPDATE ` + t + ` SET claimed_by = NULL, lease_until = now() + $3::bigint * interval '1 microsecond',

@@ -54,6 +54,15 @@ func TestConformance(t *testing.T) {
 				err := db.QueryRowContext(ctx, `SELECT count(*) FROM ackwise_outbox WHERE sent_at IS NOT NULL`).Scan(&n)
 				return n, err
 			},
+			Corrupt: func(ctx context.Context, eventID string) error {
+				_, err := db.ExecContext(ctx, `UPDATE ackwise_outbox SET headers = X'05ff' WHERE event_id = ?`, eventID)
+				return err
+			},
+			LastError: func(ctx context.Context, eventID string) (string, error) {
+				var s sql.NullString
+				err := db.QueryRowContext(ctx, `SELECT last_error FROM ackwise_outbox WHERE event_id = ?`, eventID).Scan(&s)
+				return s.String, err
+			},
 		}
 	}})
 }

@@ -105,7 +105,8 @@ type Rows interface {
 // ReadClaimed reads the rows a claim returned, each with the columns id,
 // event_id, key, headers, payload, created_at and attempts (created_at
 // scanned into a C and turned into a time by createdAt), and returns them
-// in id order.
+// in id order. A row whose headers do not decode is returned with Row.Err
+// set (and no headers), not as an error: the relay parks it.
 func ReadClaimed[C any](rows Rows, createdAt func(C) time.Time) ([]outbox.Row, error) {
 	var out []outbox.Row
 	for rows.Next() {
@@ -121,7 +122,7 @@ func ReadClaimed[C any](rows Rows, createdAt func(C) time.Time) ([]outbox.Row, e
 		m.Key = string(key)
 		var err error
 		if m.Headers, err = DecodeHeaders(hdr); err != nil {
-			return nil, fmt.Errorf("row %d: %w", r.ID, err)
+			r.Err = fmt.Errorf("row %d: %w", r.ID, err)
 		}
 		r.CreatedAt = createdAt(created)
 		r.Message = &m
