@@ -172,6 +172,24 @@ type Extensions struct {
 	Detacher Detacher
 	// Invalidator tells the engine when deliveries stop being Valid.
 	Invalidator Invalidator
+	// AttemptsChecker checks the consumer's max attempts against the
+	// broker's own delivery count for dead letters.
+	AttemptsChecker AttemptsChecker
+}
+
+// AttemptsChecker is implemented by sources whose broker also counts
+// deliveries toward a dead-letter move of its own: an SQS queue's
+// RedrivePolicy (maxReceiveCount), a Pub/Sub subscription's dead-letter
+// policy (MaxDeliveryAttempts). consumer.New calls CheckAttempts once with
+// the max attempts of the consumer's retry policy (defaults applied;
+// retry.Unlimited is -1), so that the two are checked where they are used
+// together, whatever the source's own configuration says. An error, which
+// names both counts, fails New: the broker would move messages the consumer
+// still retries, or the consumer give up on messages the broker does not
+// move yet. A mismatch the source only advises against is logged, not
+// returned.
+type AttemptsChecker interface {
+	CheckAttempts(maxAttempts int) error
 }
 
 // Recycler is implemented by sources that reuse the memory of delivered

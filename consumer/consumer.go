@@ -94,6 +94,11 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 	cfg = cfg.withDefaults()
 	caps := src.Capabilities()
 	ext := src.Extensions()
+	if ac := ext.AttemptsChecker; ac != nil {
+		if err := ac.CheckAttempts(cfg.Retry.MaxAttempts); err != nil {
+			return nil, fmt.Errorf("consumer: Retry.MaxAttempts = %d disagrees with the source's broker: %w", cfg.Retry.MaxAttempts, err)
+		}
+	}
 	c := &Consumer{
 		src:      src,
 		recycler: ext.Recycler,

@@ -3,6 +3,8 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/adapters/memory/memorytest"
 	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/retry"
 )
 
 // declaring is a memory log member that declares all four extensions and
@@ -132,5 +135,49 @@ func TestWrapperKeepsExtensions(t *testing.T) {
 		t.Error("the engine did not Detach the message that waits in place behind the wrapper")
 	case src.recycled.Load() != int64(received):
 		t.Errorf("the engine recycled %d messages behind the wrapper, want the %d it received", src.recycled.Load(), received)
+	}
+}
+
+// attemptsSource declares an AttemptsChecker that records what the engine
+// asked and answers err.
+type attemptsSource struct {
+	*fakeSource
+	got []int
+	err error
+}
+
+func (s *attemptsSource) Extensions() adapters.Extensions {
+	return adapters.Extensions{AttemptsChecker: s}
+}
+
+func (s *attemptsSource) CheckAttempts(n int) error {
+	s.got = append(s.got, n)
+	return s.err
+}
+
+// consumer.New hands a source's AttemptsChecker the retry policy's max
+// attempts with the defaults applied (5, unlimited as -1), once, and fails
+// with its error, wrapped.
+func TestNewChecksAttemptsWithTheSource(t *testing.T) {
+	t.Parallel()
+	errDisagree := errors.New("maxReceiveCount 3")
+	h := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil })
+	for _, tc := range []struct {
+		policy retry.Policy
+		err    error
+		want   int
+	}{
+		{retry.Policy{}, nil, retry.DefaultMaxAttempts},
+		{retry.Policy{MaxAttempts: retry.Unlimited}, nil, retry.Unlimited},
+		{retry.Policy{MaxAttempts: 7}, errDisagree, 7},
+	} {
+		src := &attemptsSource{fakeSource: newFakeSource(adapters.Capabilities{}), err: tc.err}
+		_, err := consumer.New(src, h, consumer.Config{Retry: tc.policy})
+		if !slices.Equal(src.got, []int{tc.want}) {
+			t.Errorf("policy %+v: CheckAttempts called with %v, want [%d]", tc.policy, src.got, tc.want)
+		}
+		if !errors.Is(err, tc.err) || (tc.err != nil && !strings.Contains(err.Error(), "Retry.MaxAttempts = 7")) {
+			t.Errorf("policy %+v: New error %v, want %v wrapped, naming the consumer's max attempts", tc.policy, err, tc.err)
+		}
 	}
 }

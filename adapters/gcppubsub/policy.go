@@ -50,19 +50,11 @@ func maxDeliveryAttempts(ps *pubsubpb.Subscription) (int, bool) {
 //     would give up before Pub/Sub forwards (the handler runs again on each
 //     delivery left) or Pub/Sub before ackwise's attempts are spent.
 func checkSubscription(cfg Config, ps *pubsubpb.Subscription, log *slog.Logger) error {
-	p := cfg.Retry.WithDefaults()
-	attempts := fmt.Sprint(p.MaxAttempts)
-	if p.MaxAttempts == retry.Unlimited {
-		attempts = "unlimited"
-	}
 	m, policy := maxDeliveryAttempts(ps)
-	dlTopic := ps.GetDeadLetterPolicy().GetDeadLetterTopic()
-	switch {
-	case cfg.DeadLetterTopic != "" && policy && (p.MaxAttempts == retry.Unlimited || p.MaxAttempts > m):
-		return fmt.Errorf("gcppubsub: subscription %s has a dead-letter policy that forwards a message to %s after %d deliveries (MaxDeliveryAttempts), before ackwise's max attempts, %s (Config.Retry.MaxAttempts, max_attempts=), would dead-letter it with its envelope to %s: set max attempts to at most %d, or raise the policy's MaxDeliveryAttempts", ps.GetName(), dlTopic, m, attempts, cfg.DeadLetterTopic, m)
-	case cfg.DeadLetterTopic == "" && policy && p.MaxAttempts != m:
-		return fmt.Errorf("gcppubsub: subscription %s dead-letters through its dead-letter policy (no dead_letter_topic=: broker-managed) after %d deliveries (MaxDeliveryAttempts), but ackwise's max attempts are %s (Config.Retry.MaxAttempts, max_attempts=): make them equal, or give a dead_letter_topic= for ackwise-managed dead letters", ps.GetName(), m, attempts)
-	case cfg.DeadLetterTopic == "" && !policy:
+	if err := checkAttempts(ps, cfg.DeadLetterTopic, cfg.Retry.WithDefaults().MaxAttempts, m, policy, "Config.Retry.MaxAttempts, max_attempts="); err != nil {
+		return err
+	}
+	if cfg.DeadLetterTopic == "" && !policy {
 		log.Warn("gcppubsub: no dead-letter topic (dead_letter_topic=) and no dead-letter policy on the subscription: DeadLetter fails, and a message that keeps failing is delivered again for ever; fine for reading a dead-letter subscription with the dlq tools")
 	}
 
@@ -102,4 +94,24 @@ func scheduleOf(p retry.Policy) []time.Duration {
 		}
 	}
 	return out
+}
+
+// checkAttempts refuses max attempts (where names where they were set)
+// that disagree with the subscription ps's dead-letter policy (m
+// deliveries, when policy): with ackwise-managed dead letters (ownTopic
+// set) they must not be above m nor unlimited, with broker-managed ones
+// they must equal m.
+func checkAttempts(ps *pubsubpb.Subscription, ownTopic string, maxAttempts, m int, policy bool, where string) error {
+	attempts := fmt.Sprint(maxAttempts)
+	if maxAttempts == retry.Unlimited {
+		attempts = "unlimited"
+	}
+	dlTopic := ps.GetDeadLetterPolicy().GetDeadLetterTopic()
+	switch {
+	case ownTopic != "" && policy && (maxAttempts == retry.Unlimited || maxAttempts > m):
+		return fmt.Errorf("gcppubsub: subscription %s has a dead-letter policy that forwards a message to %s after %d deliveries (MaxDeliveryAttempts), before ackwise's max attempts, %s (%s), would dead-letter it with its envelope to %s: set max attempts to at most %d, or raise the policy's MaxDeliveryAttempts", ps.GetName(), dlTopic, m, attempts, where, ownTopic, m)
+	case ownTopic == "" && policy && maxAttempts != m:
+		return fmt.Errorf("gcppubsub: subscription %s dead-letters through its dead-letter policy (no dead_letter_topic=: broker-managed) after %d deliveries (MaxDeliveryAttempts), but ackwise's max attempts are %s (%s): make them equal, or give a dead_letter_topic= for ackwise-managed dead letters", ps.GetName(), m, attempts, where)
+	}
+	return nil
 }

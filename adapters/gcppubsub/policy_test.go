@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/dlq"
 	"github.com/ackwise/ackwise/retry"
 )
@@ -191,5 +192,33 @@ func TestNewSourceRefusesAttemptsAbovePolicy(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "after 5 deliveries") || !strings.Contains(err.Error(), "max attempts, 8") {
 		t.Fatalf("NewSource: %v", err)
+	}
+}
+
+// TestConsumerChecksAttemptsAgainstPolicy: consumer.New checks the
+// consumer's own max attempts against the subscription's dead-letter policy
+// (adapters.AttemptsChecker), whatever the source was configured with: a
+// source opened with max attempts 5 under a policy of 5 deliveries, given
+// to a consumer retrying 8 times, is refused naming both; retrying 5 times
+// is taken.
+func TestConsumerChecksAttemptsAgainstPolicy(t *testing.T) {
+	t.Parallel()
+	f, d := withMessages(t, dlPolicy(5))
+	cfg := d.sourceConfig(f)
+	cfg.Retry.MaxAttempts = 5
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	src, err := NewSource(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	noop := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil })
+	_, err = consumer.New(src, noop, consumer.Config{Retry: retry.Policy{MaxAttempts: 8}})
+	if err == nil || !strings.Contains(err.Error(), "after 5 deliveries") || !strings.Contains(err.Error(), "max attempts, 8") {
+		t.Fatalf("consumer.New retrying 8 times: %v, want a refusal naming 5 and 8", err)
+	}
+	if _, err := consumer.New(src, noop, consumer.Config{Retry: retry.Policy{MaxAttempts: 5}}); err != nil {
+		t.Fatalf("consumer.New retrying 5 times: %v", err)
 	}
 }

@@ -68,8 +68,9 @@ type Source struct {
 	name     string // projects/P/subscriptions/S
 	log      *slog.Logger
 	caps     adapters.Capabilities
-	eos      bool // exactly-once delivery: acks through AckWithResult
-	brokerDC bool // dead-letter policy: Attempt from DeliveryAttempt
+	eos      bool                   // exactly-once delivery: acks through AckWithResult
+	brokerDC bool                   // dead-letter policy: Attempt from DeliveryAttempt
+	subInfo  *pubsubpb.Subscription // as NewSource read it (CheckAttempts)
 
 	deliveries chan *pubsub.Message
 	cancel     context.CancelFunc
@@ -124,6 +125,7 @@ func NewSource(ctx context.Context, cfg Config) (*Source, error) {
 	}
 	s := &Source{
 		cfg:        cfg,
+		subInfo:    ps,
 		client:     client,
 		sub:        client.Subscriber(name),
 		name:       name,
@@ -522,7 +524,18 @@ func (s *Source) Capabilities() adapters.Capabilities {
 }
 
 // Extensions declares none.
-func (s *Source) Extensions() adapters.Extensions { return adapters.Extensions{} }
+func (s *Source) Extensions() adapters.Extensions {
+	return adapters.Extensions{AttemptsChecker: s}
+}
+
+// CheckAttempts checks the consumer's max attempts (consumer.New gives
+// them, adapters.AttemptsChecker) against the subscription's dead-letter
+// policy, as NewSource checked Config.Retry: an error naming both where
+// they disagree.
+func (s *Source) CheckAttempts(maxAttempts int) error {
+	m, policy := maxDeliveryAttempts(s.subInfo)
+	return checkAttempts(s.subInfo, s.cfg.DeadLetterTopic, maxAttempts, m, policy, "the consumer's Retry.MaxAttempts")
+}
 
 // Close stops receiving, nacks the deliveries not settled (for redelivery
 // to another consumer), waits for the client's Receive to end and closes

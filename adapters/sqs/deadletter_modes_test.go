@@ -140,6 +140,16 @@ func TestBrokerModeAgreement(t *testing.T) {
 	if caps := src.Capabilities(); !caps.BrokerDeadLetters {
 		t.Errorf("Capabilities %+v: want BrokerDeadLetters", caps)
 	}
+	// The consumer checks its own max attempts against the policy too
+	// (adapters.AttemptsChecker), whatever the source was configured with:
+	// its default 5 is refused naming both, 3 is taken.
+	noop := ackwise.HandlerFunc(func(context.Context, *ackwise.Message) error { return nil })
+	if _, err := consumer.New(src, noop, consumer.Config{}); err == nil || !strings.Contains(err.Error(), "maxReceiveCount 3") || !strings.Contains(err.Error(), "max attempts are 5") {
+		t.Errorf("consumer.New with the default max attempts: %v, want a refusal naming 3 and 5", err)
+	}
+	if _, err := consumer.New(src, noop, consumer.Config{Retry: retry.Policy{MaxAttempts: 3}}); err != nil {
+		t.Errorf("consumer.New with max attempts 3: %v", err)
+	}
 	// A URL says the same.
 	u := strings.Replace(q, "http://", "awssqs://", 1) + "?endpoint=" + conn.Endpoint + "&dlq_mode=broker&max_attempts=4&wait=-1"
 	if _, err := adapters.OpenSource(ctx, u); err == nil || !strings.Contains(err.Error(), "maxReceiveCount 3") || !strings.Contains(err.Error(), "are 4") {

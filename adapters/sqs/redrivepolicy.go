@@ -115,6 +115,9 @@ func (s *Source) checkDeadLetters(ctx context.Context, cfg Config, attrs map[str
 	if err != nil {
 		return fmt.Errorf("sqs: queue %s: %w", s.name, err)
 	}
+	if hasPolicy {
+		s.maxReceives = maxReceives
+	}
 	dlqURL := s.dlqURL
 	if cfg.DeadLetters == DeadLetterBroker {
 		s.brokerDL = true
@@ -200,4 +203,29 @@ func (s *Source) handBack(ctx context.Context, msg *ackwise.Message, env dlq.Env
 		slog.Int(ackwise.LogKeyAttempt, msg.Attempt), slog.String(ackwise.LogKeyReason, string(env.Reason)),
 		slog.String(ackwise.LogKeyClass, env.ErrorClass), slog.String(ackwise.LogKeyError, env.Error))
 	return nil
+}
+
+// CheckAttempts checks the consumer's max attempts (consumer.New gives
+// them, adapters.AttemptsChecker) against the queue's RedrivePolicy, as
+// NewSource checked Config.MaxAttempts: with broker-managed dead letters
+// they must equal its maxReceiveCount (an error naming both); with
+// ackwise-managed ones a maxReceiveCount below them is a warning.
+func (s *Source) CheckAttempts(maxAttempts int) error {
+	switch {
+	case s.maxReceives == 0:
+	case s.brokerDL && maxAttempts != s.maxReceives:
+		return fmt.Errorf("sqs: queue %s's RedrivePolicy has maxReceiveCount %d, but the consumer's max attempts are %s: with broker-managed dead letters the two must agree", s.name, s.maxReceives, attemptsString(maxAttempts))
+	case !s.brokerDL && (maxAttempts == retry.Unlimited || s.maxReceives < maxAttempts):
+		s.log.Warn("sqs: the queue's RedrivePolicy moves a message (without the ackwise envelope) before the consumer's max attempts are spent; raise its maxReceiveCount, or use dlq_mode=broker with max attempts equal to it", slog.String(ackwise.LogKeySource, s.name), slog.Int("maxReceiveCount", s.maxReceives), slog.String("max_attempts", attemptsString(maxAttempts)))
+	}
+	return nil
+}
+
+// attemptsString names max attempts for a message: a number or
+// "unlimited".
+func attemptsString(n int) string {
+	if n == retry.Unlimited {
+		return "unlimited"
+	}
+	return strconv.Itoa(n)
 }

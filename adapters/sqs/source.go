@@ -151,6 +151,9 @@ type Source struct {
 	// brokerDL: broker-managed dead letters, to brokerDLQ (a queue name).
 	brokerDL  bool
 	brokerDLQ string
+	// maxReceives is the RedrivePolicy's maxReceiveCount, 0 without one
+	// (CheckAttempts).
+	maxReceives int
 }
 
 var (
@@ -546,7 +549,7 @@ func (s *Source) Capabilities() adapters.Capabilities {
 // Extensions declares AckBatch and the Invalidator, which Close calls:
 // the lease running out is time, not an event.
 func (s *Source) Extensions() adapters.Extensions {
-	return adapters.Extensions{BatchAcker: s, Invalidator: s}
+	return adapters.Extensions{BatchAcker: s, Invalidator: s, AttemptsChecker: s}
 }
 
 // OnInvalid sets f, which Close calls once every delivery stopped being
