@@ -1,16 +1,26 @@
 // Package tcpproxy is a TCP proxy for tests that make a real server
 // unreachable for a while without stopping it (the servers on this
-// project's machines are shared by every test running at once): Cut closes
-// the connections through the proxy and refuses new ones until Restore.
+// project's machines are shared by every test running at once): Cut resets
+// the connections through the proxy, and every new one as it comes, until
+// Restore.
+//
+// It is the project's one such proxy: adapters/sqs/sqstest.Proxy wraps it
+// for code outside the module.
 package tcpproxy
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
+
+// dialTimeout bounds the proxy's dial of its target.
+const dialTimeout = 5 * time.Second
 
 // Proxy forwards each connection made to Addr to the target.
 type Proxy struct {
@@ -19,36 +29,48 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	down  bool
-	conns map[net.Conn]struct{}
+	conns map[net.Conn]struct{} // both ends of every forwarded connection
 	wg    sync.WaitGroup
+
+	refused atomic.Int64
 }
 
-// Start starts a proxy to target (host:port) on a free port of 127.0.0.1;
-// it is closed, with every connection through it, when t ends.
-func Start(t testing.TB, target string) *Proxy {
-	t.Helper()
+// New starts a proxy to target (host:port) on a free port of 127.0.0.1.
+// Close it when done.
+func New(target string) (*Proxy, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("tcpproxy: %w", err)
 	}
 	p := &Proxy{l: l, target: target, conns: map[net.Conn]struct{}{}}
 	p.wg.Go(p.accept)
-	t.Cleanup(p.close)
+	return p, nil
+}
+
+// Start is New for a test: it fails t if the proxy cannot start, and
+// closes the proxy, with every connection through it, when t ends.
+func Start(t testing.TB, target string) *Proxy {
+	t.Helper()
+	p, err := New(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
 
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.l.Addr().String() }
 
-// Cut closes every connection through the proxy; until Restore, a new
-// connection is closed as soon as it is accepted (the client sees EOF, as
-// from a server that went away).
+// Cut resets every connection through the proxy (both ends, as a peer
+// that went away does); until Restore, a new connection is reset as soon
+// as it is accepted, and counted in Refused.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.down = true
 	for c := range p.conns {
-		c.Close()
+		reset(c)
 	}
 }
 
@@ -59,10 +81,19 @@ func (p *Proxy) Restore() {
 	p.down = false
 }
 
-func (p *Proxy) close() {
-	p.l.Close()
+// Refused is how many connections the proxy reset as they came, while cut.
+func (p *Proxy) Refused() int64 { return p.refused.Load() }
+
+// Close stops the proxy, resets its connections and waits for its
+// goroutines. Calling it again does nothing more.
+func (p *Proxy) Close() error {
+	err := p.l.Close()
 	p.Cut()
 	p.wg.Wait()
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
 }
 
 func (p *Proxy) accept() {
@@ -78,18 +109,18 @@ func (p *Proxy) accept() {
 	}
 }
 
-// track registers c, or closes it and reports false while the proxy is cut.
+// track registers c, or reports false while the proxy is cut.
 func (p *Proxy) track(c net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.down {
-		c.Close()
 		return false
 	}
 	p.conns[c] = struct{}{}
 	return true
 }
 
+// forget closes cs and unregisters them.
 func (p *Proxy) forget(cs ...net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -101,19 +132,33 @@ func (p *Proxy) forget(cs ...net.Conn) {
 
 func (p *Proxy) forward(c net.Conn) {
 	if !p.track(c) {
+		p.refused.Add(1) // before the reset: a client that saw it sees the count
+		reset(c)
 		return
 	}
-	s, err := net.Dial("tcp", p.target)
+	s, err := net.DialTimeout("tcp", p.target, dialTimeout)
 	if err != nil {
+		reset(c) // the target is down: so is the proxy, to the client
 		p.forget(c)
 		return
 	}
-	if !p.track(s) {
+	if !p.track(s) { // cut while dialling: Cut reset c
+		reset(s)
 		p.forget(c)
 		return
 	}
+	// Either direction ending ends both: the protocols proxied (AMQP,
+	// HTTP) do not half-close.
 	var copies sync.WaitGroup
 	copies.Go(func() { _, _ = io.Copy(s, c); p.forget(c, s) })
 	copies.Go(func() { _, _ = io.Copy(c, s); p.forget(c, s) })
 	copies.Wait()
+}
+
+// reset closes c with a TCP reset.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	c.Close()
 }
