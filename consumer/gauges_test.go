@@ -412,7 +412,9 @@ func TestMetricsGaugesOfOneConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer other.Close()
+	// Closed after the consumers stop (cleanups run last first): a defer
+	// would close it under the running consumer, whose Run then fails.
+	t.Cleanup(func() { other.Close() })
 	second, err := consumer.New(other, noop, consumer.Config{Name: "billing", Observer: b.obs, Clock: b.clk})
 	if err != nil {
 		t.Fatal(err)
