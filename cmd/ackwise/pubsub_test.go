@@ -49,7 +49,11 @@ func pubsubFake(t *testing.T, ctx context.Context) (srv *pstest.Server, admin *p
 	}
 	base := "gcppubsub://" + p
 	q := "?emulator=" + srv.Addr
-	return srv, admin, base + "/subscriptions/work" + q + "&dead_letter_topic=dead", base + "/subscriptions/dead" + q, base + "/topics/work" + q
+	// The CLI reads the dead-letter subscription asking for a 10 s ack
+	// deadline: a dead letter in transit to a client that closed (a
+	// release at the end of a run) comes back after 10 s, not after the
+	// client's default 60 s.
+	return srv, admin, base + "/subscriptions/work" + q + "&dead_letter_topic=dead", base + "/subscriptions/dead" + q + "&ack_deadline=10s", base + "/topics/work" + q
 }
 
 // pubsubHeld counts the messages published to topic that pstest holds
@@ -75,7 +79,9 @@ func pubsubHeld(srv *pstest.Server, topic string) int {
 func TestPubSubStatsAndRedrive(t *testing.T) {
 	t.Parallel()
 	const n = 20 // pstest hands out about 90 messages a second per stream
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	// Generous: on a busy machine a stranded dead letter costs a redrive
+	// run its 10 s ack deadline (see pubsubFake).
+	ctx, cancel := context.WithTimeout(context.Background(), 180*time.Second)
 	defer cancel()
 	srv, _, work, dead, target := pubsubFake(t, ctx)
 	sink, err := adapters.OpenSink(ctx, target)
@@ -146,7 +152,7 @@ func TestPubSubStatsAndRedrive(t *testing.T) {
 	}
 
 	// A dead letter released by the runs above may have been in transit to
-	// a closing client, and comes back after its ack deadline: run the
+	// a closing client, and comes back after its ack deadline (10 s): run the
 	// redrive again until every one moved, as an operator would.
 	for moved := 0; moved < n; {
 		code, out, errOut = ackwiseRun(t, "dlq", "redrive", dead, target, "-rate", "-1", "-idle", "2s", "--yes")
