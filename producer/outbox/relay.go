@@ -89,7 +89,8 @@ func (r *Relay) Owner() string { return r.cfg.Owner }
 // was confirmed and releases the rest unmarked. It wakes on the store's
 // notifications and polls every Config.PollInterval, and prunes sent rows
 // older than Config.Retention every Config.PruneInterval. It returns nil
-// after the drain. A relay runs once at a time; it may run again after Run
+// after the drain. A relay runs once at a time (a second Run while one is
+// under way returns ErrRunning at once); it may run again after Run
 // returned.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
