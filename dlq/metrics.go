@@ -103,8 +103,9 @@ type DepthMetrics struct {
 // Backlogger), and ackwise.dlq.oldest.age when cfg.Oldest is set, as
 // observable gauges with the meter provider mp (nil: a no-op). The broker
 // is asked during a collection, at most once per cfg.Interval, each call
-// bounded by the interval (10s at most); a call that fails leaves the
-// gauge out of that collection. Open src for this alone: a source that
+// bounded by the interval (10s at most); a call that fails leaves its
+// gauge out of the collections until a later call succeeds (Err says
+// why). Open src for this alone: a source that
 // consumes (RabbitMQ's, which is pushed deliveries as it opens) may hold
 // what it counts. An invalid config is an error naming the field.
 func NewDepthMetrics(mp metric.MeterProvider, src Backlogger, cfg DepthMetricsConfig) (*DepthMetrics, error) {
