@@ -164,6 +164,14 @@ func Run(ctx context.Context, o Options, b Broker, stdout, stderr io.Writer) (or
 		return orders.Summary{}, err
 	}
 	tally := orders.NewTally(metrics, prefix, len(demo))
+	// The consumer exports its gauges (lag age, in flight, waiting) only
+	// when its Observer is NewMetrics' own: a wrapping Observer, as the
+	// demo's tally is, passes the outcome counters on and nothing else.
+	// So the tally observes only a demo run.
+	observer := metrics
+	if len(demo) > 0 {
+		observer = tally
+	}
 	c, err := consumer.New(src, store.Handler(o.Work), consumer.Config{
 		Name:        Name,
 		Version:     o.Version,
@@ -173,7 +181,7 @@ func Run(ctx context.Context, o Options, b Broker, stdout, stderr io.Writer) (or
 		// MaxAttempts; then the dead-letter queue or topic.
 		Retry:    retry.Policy{MaxAttempts: o.Attempts},
 		Inbox:    store.Inbox,
-		Observer: tally,
+		Observer: observer,
 		Middleware: []ackwise.Middleware{
 			middleware.Tracing(tel.Tracer, middleware.TracingConfig{System: b.System}), // first: its span covers the rest
 			middleware.Logging(log),

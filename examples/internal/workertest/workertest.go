@@ -349,7 +349,8 @@ func CheckTraces(t *testing.T, traces *Buffer, process string, runs int) {
 // worker must drain and return nil, with each order it acked shipped once
 // and some orders left. A second worker (no demo) must then finish the
 // rest: 29 orders shipped exactly once in the PostgreSQL schema, all
-// acked, the poison one dead-lettered.
+// acked, the poison one dead-lettered, and its /metrics serves the
+// consumer's gauges.
 //
 // Not for a parallel test: the signal goes to the whole test process.
 func CheckDrainAndRestart(t *testing.T, schema string, start func(demo int, work time.Duration, concurrency int) *Worker) {
@@ -375,9 +376,16 @@ func CheckDrainAndRestart(t *testing.T, schema string, start func(demo int, work
 
 	// A second worker, as after a restart, finishes the rest.
 	w = start(0, 0, 4)
-	AwaitOutcomes(t, w.Base+"/metrics", func(out map[string]float64) bool {
+	_, scrape := AwaitOutcomes(t, w.Base+"/metrics", func(out map[string]float64) bool {
 		return first.Acked+int(out["acked"]) >= n-1 && first.DeadLettered+int(out["dead-lettered"]) >= 1
 	})
+	// Without a demo the metrics Observer is the consumer's own, so its
+	// gauges are served too.
+	for _, want := range []string{"ackwise_consumer_in_flight", "ackwise_consumer_lag_age_seconds"} {
+		if !strings.Contains(scrape, want) {
+			t.Errorf("/metrics of a worker without -demo lacks the consumer's gauge %s", want)
+		}
+	}
 	w.Cancel()
 	if r := w.Wait(t); r.Err != nil {
 		t.Fatal(r.Err)
