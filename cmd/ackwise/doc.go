@@ -69,7 +69,7 @@
 // instead, with its own move task (sqs.MoveTask: StartMessageMoveTask at
 // --rate, 1 to 500 a second, -1 for SQS's choice), printing its progress:
 // every message moves as it is, with no filter, count or envelope removal,
-// and it takes no other flag but --yes. It is the way to redrive dead
+// and it takes no other flag but --rate and --yes. It is the way to redrive dead
 // letters SQS moved itself (the adapter's dlq_mode=broker), which carry no
 // envelope.
 //

@@ -71,7 +71,7 @@ refuses to run without --yes. See docs/redrive.md.`,
 	f.BoolVarP(&a.verbose, "verbose", "v", false, "print a line for every message, not only in a dry run")
 	f.BoolVarP(&a.yes, "yes", "y", false, "do not ask for confirmation")
 	f.DurationVar(&a.progressEvery, "progress-every", 5*time.Second, "without a terminal, print a progress line to stderr this `often` (0: none); on a terminal a progress bar shows")
-	f.BoolVar(&a.native, "native", false, "awssqs:// only: SQS's own move task (StartMessageMoveTask) at --rate (whole, 1 to 500; -1: SQS's choice), moving every message as it is; takes no other flag but --yes")
+	f.BoolVar(&a.native, "native", false, "awssqs:// only: SQS's own move task (StartMessageMoveTask) at --rate (whole, 1 to 500; -1: SQS's choice), moving every message as it is; takes no other flag but --rate and --yes")
 	return c
 }
 
