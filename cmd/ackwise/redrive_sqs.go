@@ -76,8 +76,11 @@ func nativeRedrive(ctx context.Context, from, to string, rate int, stdout io.Wri
 	}
 	res, err := sqs.MoveTask(ctx, src.Connection, src.QueueURL, dst.QueueURL, sqs.MoveOptions{MaxPerSecond: rate, Progress: progress})
 	capText := "SQS's choice"
-	if res.MaxPerSecond > 0 {
+	switch {
+	case res.MaxPerSecond > 0:
 		capText = fmt.Sprintf("%d/s", res.MaxPerSecond)
+	case res.Status == "" && rate > 0:
+		capText = fmt.Sprintf("%d/s asked", rate) // no task: SQS reported none
 	}
 	fmt.Fprintf(stdout, "moved %d from %s to %s by SQS's move task (status %s, rate %s) in %v\n",
 		res.Moved, redact(from), redact(to), cmp.Or(res.Status, "not started"), capText, res.Elapsed.Round(time.Millisecond))

@@ -25,6 +25,22 @@ func queueURLOf(u string) string {
 	return strings.Replace(u, "awssqs://", "http://", 1)
 }
 
+// TestSQSNativeRedriveNotStarted: a move task that cannot start (the
+// dead-letter queue does not exist) exits 1 and its summary states the
+// rate asked for, not "SQS's choice".
+func TestSQSNativeRedriveNotStarted(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	_, work, dead := sqsQueues(t, ctx)
+	base, query, _ := strings.Cut(dead, "?")
+	missing := base + "-missing?" + query
+	code, out, errOut := ackwiseRun(t, "dlq", "redrive", missing, work, "--native", "--rate", "50", "--yes")
+	if code != exitFailed || !strings.Contains(out, "(status not started, rate 50/s asked)") {
+		t.Fatalf("redrive --native from a missing queue: exit %d, want %d\nstdout %s\nstderr %s", code, exitFailed, out, errOut)
+	}
+}
+
 // TestSQSNativeRedrive: the engine on a work queue with broker-managed
 // dead letters (dlq_mode=broker, maxReceiveCount 1) hands 300 messages
 // back, and SQS's RedrivePolicy moves them to the dead-letter queue;
