@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ackwise/ackwise/internal/scope"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
@@ -41,7 +42,7 @@ func newMetrics(mp metric.MeterProvider, owner string) (*metrics, error) {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
 	}
-	m := &metrics{meter: mp.Meter(MeterName), attrs: metric.WithAttributes(attribute.String(AttrOwner, owner))}
+	m := &metrics{meter: mp.Meter(MeterName, metric.WithInstrumentationVersion(scope.Version())), attrs: metric.WithAttributes(attribute.String(AttrOwner, owner))}
 	var err, e error
 	m.pub, e = m.meter.Int64Counter(MetricPublished, metric.WithUnit("{message}"),
 		metric.WithDescription("Outbox rows confirmed by the broker and marked sent."))
