@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/middleware"
@@ -36,7 +37,7 @@ type Store struct {
 // ackwise_versions), for the consumer named consumer. The pool holds up to
 // conns connections: each message being handled holds one for its inbox
 // transaction, so give it the consumer's concurrency and a few more.
-func OpenPostgres(ctx context.Context, dsn, schema, consumer string, conns int32, log *slog.Logger) (*Store, error) {
+func OpenPostgres(ctx context.Context, dsn, schema, consumer string, conns int32, log *slog.Logger, mp metric.MeterProvider) (*Store, error) {
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("postgres DSN: %w", err)
@@ -81,13 +82,13 @@ func OpenPostgres(ctx context.Context, dsn, schema, consumer string, conns int32
 		prune: inbox.PruneEvery,
 		close: pool.Close,
 	}
-	return s, s.withInbox(inbox, consumer, log)
+	return s, s.withInbox(inbox, consumer, log, mp)
 }
 
 // OpenSQLite opens the store on the SQLite file at path (created if
 // missing), for the consumer named consumer: no server needed, one writer
 // at a time.
-func OpenSQLite(ctx context.Context, path, consumer string, log *slog.Logger) (*Store, error) {
+func OpenSQLite(ctx context.Context, path, consumer string, log *slog.Logger, mp metric.MeterProvider) (*Store, error) {
 	db, err := sqliteinbox.Open(path)
 	if err != nil {
 		return nil, err
@@ -118,15 +119,18 @@ func OpenSQLite(ctx context.Context, path, consumer string, log *slog.Logger) (*
 		prune: inbox.PruneEvery,
 		close: func() { _ = db.Close() },
 	}
-	return s, s.withInbox(inbox, consumer, log)
+	return s, s.withInbox(inbox, consumer, log, mp)
 }
 
-func (s *Store) withInbox(store middleware.InboxStore, consumer string, log *slog.Logger) error {
+// withInbox puts store behind the inbox middleware; mp (nil: none) gets its
+// duplicates counter (ackwise.consumer.inbox.duplicates).
+func (s *Store) withInbox(store middleware.InboxStore, consumer string, log *slog.Logger, mp metric.MeterProvider) error {
 	var err error
 	s.Inbox, err = middleware.Inbox(store, middleware.InboxConfig{
-		Consumer:    consumer,
-		OnDuplicate: func(context.Context, *ackwise.Message) { s.duplicates.Add(1) },
-		Logger:      log,
+		Consumer:      consumer,
+		OnDuplicate:   func(context.Context, *ackwise.Message) { s.duplicates.Add(1) },
+		Logger:        log,
+		MeterProvider: mp,
 	})
 	if err != nil {
 		s.close()

@@ -125,10 +125,10 @@ func Run(ctx context.Context, o Options, b Broker, stdout, stderr io.Writer) (or
 
 	var store *orders.Store
 	if o.SQLite != "" {
-		store, err = orders.OpenSQLite(ctx, o.SQLite, Name, log)
+		store, err = orders.OpenSQLite(ctx, o.SQLite, Name, log, tel.Meter)
 	} else {
 		dsn := cmp.Or(o.Postgres, Env("DATABASE_URL", DefaultPostgres))
-		store, err = orders.OpenPostgres(ctx, dsn, o.Schema, Name, int32(o.Concurrency+4), log)
+		store, err = orders.OpenPostgres(ctx, dsn, o.Schema, Name, int32(o.Concurrency+4), log, tel.Meter)
 	}
 	if err != nil {
 		return orders.Summary{}, fmt.Errorf("inbox: %w", err)

@@ -390,7 +390,7 @@ func CheckDrainAndRestart(t *testing.T, schema string, start func(demo int, work
 	if r := w.Wait(t); r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	store, err := orders.OpenPostgres(t.Context(), PostgresURL(), schema, "orders-worker", 2, nil)
+	store, err := orders.OpenPostgres(t.Context(), PostgresURL(), schema, "orders-worker", 2, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
