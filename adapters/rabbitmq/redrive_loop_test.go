@@ -145,6 +145,11 @@ func TestRedriveIntoAFailingConsumerEnds(t *testing.T) {
 		}
 		waitReady(ctx, t, c, dead, n) // every one failed again
 		requireRedriveCounts(ctx, t, cfg, n, strconv.Itoa(k))
+		// The inspection's releases are back in the queue before the next
+		// run counts it: a channel's close returns to the client before
+		// the queue has taken back what it held (a run starting then
+		// counts 0 and ends at once, at that backlog).
+		waitReady(ctx, t, c, dead, n)
 	}
 
 	// Past the limit: nothing moves. The source's prefetch lets the run
@@ -156,6 +161,7 @@ func TestRedriveIntoAFailingConsumerEnds(t *testing.T) {
 	}
 	waitReady(ctx, t, c, dead, n) // released, all of them
 	requireRedriveCounts(ctx, t, cfg, n, strconv.Itoa(dlq.DefaultMaxRedrives))
+	waitReady(ctx, t, c, dead, n) // as in the loop above
 
 	opts.Force = true
 	res, moved, _ = run(0, opts)
