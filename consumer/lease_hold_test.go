@@ -1,12 +1,10 @@
 package consumer_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +12,7 @@ import (
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/consumer"
+	"github.com/ackwise/ackwise/internal/logbuf"
 )
 
 // TestRetryAfterLongerThanLeaseInPlace: an in-place wait for a
@@ -117,29 +116,11 @@ func advanceUntil(ctx context.Context, t *testing.T, clock *memory.VirtualClock,
 	t.Fatalf("not done after %v of virtual time", limit)
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writes, for a log.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // stuckAfterDrain runs a consumer of a leased memory queue (30s lease) on a
 // virtual clock whose handler ignores its cancelled context until finish is
 // closed, publishes one message, stops Run once the handler started and
 // waits for ErrDrainTimeout. The test closes finish.
-func stuckAfterDrain(t *testing.T) (clock *memory.VirtualClock, br *memory.Broker, src *memory.QueueSource, c *consumer.Consumer, finish chan struct{}, log *syncBuffer) {
+func stuckAfterDrain(t *testing.T) (clock *memory.VirtualClock, br *memory.Broker, src *memory.QueueSource, c *consumer.Consumer, finish chan struct{}, log *logbuf.Buffer) {
 	t.Helper()
 	clock, br, src = leasedQueue(t)
 	started := make(chan struct{})
@@ -149,7 +130,7 @@ func stuckAfterDrain(t *testing.T) (clock *memory.VirtualClock, br *memory.Broke
 		<-finish // ignores its context
 		return nil
 	})
-	log = &syncBuffer{}
+	log = &logbuf.Buffer{}
 	c, err := consumer.New(src, h, consumer.Config{Clock: clock, DrainTimeout: 20 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(log, nil))})
 	if err != nil {
 		t.Fatal(err)

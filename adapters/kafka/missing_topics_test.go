@@ -1,14 +1,13 @@
 package kafka
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/ackwise/ackwise/internal/logbuf"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -39,7 +38,7 @@ func TestSourceRefusesMissingRetryTopic(t *testing.T) {
 		t.Fatalf("NewSource without %s: %v, want an error naming it", retryTopic, err)
 	}
 	// Without tiers only the dead-letter topic is missing: logged.
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	plain := SourceConfig{ClientConfig: ClientConfig{Brokers: brokers, Logger: slog.New(slog.NewTextHandler(logs, nil))}, Topic: topic, Group: topic + "-p"}
 	openSource(t, plain)
 	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), deadTopic) {
@@ -50,23 +49,4 @@ func TestSourceRefusesMissingRetryTopic(t *testing.T) {
 		t.Fatal(err)
 	}
 	openSource(t, cfg)
-}
-
-// lockedBuffer is a bytes.Buffer that the client's goroutines can log to
-// while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedBuffer) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
 }

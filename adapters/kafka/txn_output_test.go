@@ -15,6 +15,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/logbuf"
 )
 
 // TestTransactSessionOutputIDOverridesCopiedHeader: a Transform that passes
@@ -119,7 +120,7 @@ func TestTransactSessionAbortsAfterFlushTimeout(t *testing.T) {
 	c := newKfake(t)
 	brokers := c.ListenAddrs()
 	cfg := testConfig(t, brokers, 1)
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

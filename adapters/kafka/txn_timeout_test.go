@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/logbuf"
 )
 
 // TestTransactSessionTransactionTimeout: a batch slower than the
@@ -29,7 +30,7 @@ func TestTransactSessionTransactionTimeout(t *testing.T) {
 	brokers := newCluster(t)
 	cfg := testConfig(t, brokers, 1)
 	cfg.Options = []kgo.Opt{kgo.TransactionTimeout(time.Second)}
-	logs := &lockedBuffer{}
+	logs := &logbuf.Buffer{}
 	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	const warning = "80% of the transaction timeout"
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/adapters/internal/urlparam"
+	"github.com/ackwise/ackwise/internal/logbuf"
 )
 
 // urlSource opens a source by URL on cfg's topic and group, with opts, and
@@ -46,7 +47,7 @@ func urlSource(t *testing.T, cfg SourceConfig, query string, opts ...adapters.Op
 func TestURLSourceTakesLogger(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t, newCluster(t), 1)
-	var logs lockedBuffer
+	var logs logbuf.Buffer
 	urlSource(t, cfg, "", adapters.WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	if !strings.Contains(logs.String(), `msg="kgo: `) {
 		t.Fatalf("no franz-go record in the logger given:\n%s", logs.String())

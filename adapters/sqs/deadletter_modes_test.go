@@ -21,6 +21,7 @@ import (
 	"github.com/ackwise/ackwise/adapters"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/dlq"
+	"github.com/ackwise/ackwise/internal/logbuf"
 	"github.com/ackwise/ackwise/retry"
 )
 
@@ -178,7 +179,7 @@ func TestRetentionWarning(t *testing.T) {
 			} else {
 				cfg.DeadLetterQueueURL = dq
 			}
-			var logged syncBuffer
+			var logged logbuf.Buffer
 			cfg.Logger = slog.New(slog.NewTextHandler(&logged, nil))
 			src, err := NewSource(ctx, cfg)
 			if err != nil {
@@ -346,7 +347,7 @@ func TestPoisonDeadLetteredBothModes(t *testing.T) {
 			dq := createQueue(t, c, "poison-dlq", 0, false)
 			setRedrivePolicy(t, c, q, dq, bc.maxReceives)
 			m := publish(ctx, t, q)
-			var logged syncBuffer
+			var logged logbuf.Buffer
 			src, err := NewSource(ctx, Config{QueueURL: q, Connection: conn, WaitTime: time.Second, DeadLetters: DeadLetterBroker, MaxAttempts: bc.maxReceives, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 			if err != nil {
 				t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/dlq"
+	"github.com/ackwise/ackwise/internal/logbuf"
 )
 
 // TestDeadLetterTrimmed: a message that the envelope takes over the
@@ -47,7 +47,7 @@ func TestDeadLetterTrimmed(t *testing.T) {
 	if err := sink.Publish(ctx, in...); err != nil {
 		t.Fatal(err)
 	}
-	var logged syncBuffer
+	var logged logbuf.Buffer
 	src, err := NewSource(ctx, Config{QueueURL: q, DeadLetterQueueURL: dq, Connection: conn, WaitTime: -1, Logger: slog.New(slog.NewTextHandler(&logged, nil))})
 	if err != nil {
 		t.Fatal(err)
@@ -89,22 +89,4 @@ func TestDeadLetterTrimmed(t *testing.T) {
 			t.Errorf("text payload cut inside a rune")
 		}
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes, for a logger.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
