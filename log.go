@@ -36,6 +36,8 @@ const (
 	LogKeyClass = "class"
 	// LogKeyError is the error.
 	LogKeyError = "error"
+	// LogKeyBatch is the number of messages of a batch handler's batch.
+	LogKeyBatch = "batch"
 	// LogKeyPanic is the value a handler panicked with.
 	LogKeyPanic = "panic"
 	// LogKeyDuration is how long the thing the record is about took, or

@@ -162,8 +162,12 @@ type Config struct {
 	// Logger receives the engine's logs. Default: discard.
 	Logger *slog.Logger
 	// Observer, when set, is told the outcome of every message, for metrics.
-	// It must be fast and safe for concurrent use.
+	// It must be fast and safe for concurrent use. Under NewBatch the
+	// elapsed time it is told is the run time of the message's batch.
 	Observer Observer
+
+	// Batch configures NewBatch's batches; New refuses it set.
+	Batch BatchConfig
 }
 
 func (c Config) withDefaults() Config {

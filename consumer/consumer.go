@@ -49,8 +49,9 @@ type Consumer struct {
 	invalid  adapters.Invalidator // src's, when it tells of invalid deliveries; else nil
 	caps     adapters.Capabilities
 	cfg      Config
-	h        ackwise.Handler
-	inPlace  bool // retries wait in place instead of through the broker
+	h        ackwise.Handler      // New's, with its middleware; nil for NewBatch's
+	bh       ackwise.BatchHandler // NewBatch's, with its middleware; nil for New's
+	inPlace  bool                 // retries wait in place instead of through the broker
 	clock    ackwise.Clock
 	log      *slog.Logger
 
@@ -80,11 +81,33 @@ type Consumer struct {
 // field and value; it never panics on bad input. New does not take ownership
 // of src: the caller closes it after Run returned.
 func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) {
-	if src == nil {
-		return nil, errors.New("consumer: source is nil")
-	}
 	if h == nil {
 		return nil, errors.New("consumer: handler is nil")
+	}
+	if err := cfg.Batch.unused(); err != nil {
+		return nil, err
+	}
+	c, err := newConsumer(src, cfg)
+	if err != nil {
+		return nil, err
+	}
+	inner := h
+	if len(cfg.Middleware) > 0 {
+		inner = ackwise.Chain(inner, cfg.Middleware...)
+	}
+	if cfg.Inbox != nil {
+		inner = cfg.Inbox(inner)
+	}
+	c.h = inner
+	return c, nil
+}
+
+// newConsumer is what New and NewBatch share: cfg validated and its
+// defaults applied, the source's capabilities checked, the parts set up.
+// The caller sets the handler.
+func newConsumer(src adapters.Source, cfg Config) (*Consumer, error) {
+	if src == nil {
+		return nil, errors.New("consumer: source is nil")
 	}
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -147,14 +170,6 @@ func New(src adapters.Source, h ackwise.Handler, cfg Config) (*Consumer, error) 
 		}
 		c.breaker = b
 	}
-	inner := h
-	if len(cfg.Middleware) > 0 {
-		inner = ackwise.Chain(inner, cfg.Middleware...)
-	}
-	if cfg.Inbox != nil {
-		inner = cfg.Inbox(inner)
-	}
-	c.h = inner
 	if m, ok := cfg.Observer.(*metrics); ok {
 		// NewMetrics' Observer also observes this consumer's gauges (and
 		// turns on the lag's table).
@@ -424,6 +439,7 @@ func (c *Consumer) stop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.stopping.Store(true)
+	c.pool.flushPendingLocked() // to the workers, which release them
 	c.holds.stopLocked()
 	if c.breaker != nil {
 		c.breaker.stopLocked()

@@ -77,6 +77,10 @@ func (s *fakeSource) Receive(ctx context.Context, buf []*ackwise.Message) (int, 
 	s.queue = s.queue[n:]
 	s.outstanding += n
 	s.maxOut = max(s.maxOut, s.outstanding)
+	select { // for waitUntil on the queue
+	case s.changed <- struct{}{}:
+	default:
+	}
 	return n, nil
 }
 
@@ -181,4 +185,28 @@ func (s *fakeSource) waitUntil(timeout time.Duration, done func() bool) bool {
 			return false
 		}
 	}
+}
+
+// nackedMsgs, deadMsgs and releasedMsgs copy what the source recorded, under
+// its lock.
+func (s *fakeSource) nackedMsgs() []*ackwise.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*ackwise.Message, len(s.nacked))
+	for i, n := range s.nacked {
+		out[i] = n.msg
+	}
+	return out
+}
+
+func (s *fakeSource) deadMsgs() []deadLetter {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]deadLetter(nil), s.dead...)
+}
+
+func (s *fakeSource) releasedMsgs() []*ackwise.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*ackwise.Message(nil), s.released...)
 }

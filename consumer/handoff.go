@@ -65,6 +65,12 @@ type pool struct {
 	dispatchCh  chunk    // dispatch's, by the receive loop, reset by recycleLocked
 	dispatchBuf []*chunk // dispatch's scratch, owned by the receive loop
 
+	// NewBatch's consumers: the ready tasks too few to fill a batch, which
+	// wait for more up to Batch.Linger (gatherLocked), and whether the
+	// linger timer is armed.
+	pending   []task
+	lingering bool
+
 	// watchWake wakes the stall watch: a worker's watch timer sends on it
 	// (capacity 1; set by Run).
 	watchWake chan struct{}
@@ -134,6 +140,7 @@ type workerState struct {
 	done    []*ackwise.Message // finished, to recycle after Consumer.mu is released
 	acks    []*ackwise.Message // of ran, to ack in one batch
 	ackErrs []error            // AckBatch's errors for acks
+	batch   batchState         // NewBatch's consumers: the batch being run
 }
 
 // ran is a task that ran and awaits its finish.
@@ -213,6 +220,9 @@ func (p *pool) dispatch(msgs []*ackwise.Message, w *workerState, epoch uint64) {
 	if len(late) > 0 {
 		c.finishedLocked() // their in-flight slots are free
 	}
+	if c.bh != nil {
+		p.gatherLocked(all)
+	}
 	if len(all.tasks) > 0 && c.pace.mode.Load() == modeInline {
 		select {
 		case p.slots <- struct{}{}:
@@ -259,6 +269,9 @@ func (p *pool) releaseLate(late []*ackwise.Message) {
 // handlers are slow; otherwise enough to give every worker a chunk.
 func (p *pool) chunkSize(n int) int {
 	c := p.c
+	if c.bh != nil {
+		return c.cfg.Batch.Size
+	}
 	if c.pace.mode.Load() == modeSingle {
 		return 1
 	}
@@ -354,6 +367,9 @@ func (p *pool) run(ctx context.Context, w *workerState, quit <-chan struct{}) {
 // of the next messages of their lanes, for the caller to run next, or nil.
 func (p *pool) runChunk(ctx context.Context, w *workerState, ch *chunk) *chunk {
 	c := p.c
+	if c.bh != nil {
+		return p.runBatch(ctx, w, ch)
+	}
 	w.active.Store(ch)
 	single := c.pace.mode.Load() == modeSingle
 	start := monotime()

@@ -37,13 +37,35 @@ const (
 // caller acks (so that a worker acks the messages of a chunk together).
 // elapsed is the handler's run time when an Observer wants it.
 func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed time.Duration) {
+	t, res, run := c.prepare(tp)
+	if !run {
+		return res, 0
+	}
+	var start time.Time
+	if c.cfg.Observer != nil {
+		start = time.Now()
+	}
+	err := c.invoke(ctx, t.msg)
+	if c.cfg.Observer != nil {
+		// At least 1ns: a zero elapsed tells the Observer the handler did
+		// not run (a clock coarser than the run would read 0).
+		elapsed = max(time.Since(start), 1)
+	}
+	return c.outcome(ctx, t, err, elapsed)
+}
+
+// prepare readies t's message for its handler: it returns the task to run
+// and run=true, or the message's result and run=false when it must not run
+// (a failed move tried again instead, a message no longer this consumer's
+// or arriving as the consumer stops, a redelivery held back).
+func (c *Consumer) prepare(tp *task) (t task, res result, run bool) {
 	msg := tp.msg
 	if tp.moves > 0 {
-		return c.retryMove(*tp), 0
+		return task{}, c.retryMove(*tp), false
 	}
 	if c.stopping.Load() || !c.src.Valid(msg) {
 		c.releaseTask(*tp)
-		return returned, 0
+		return task{}, returned, false
 	}
 	if msg.BrokerID == "" && tp.sum == 0 {
 		// Its identity is its content as received: a handler that changes
@@ -52,23 +74,19 @@ func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed t
 		// after a failed settle.
 		tp.sum = c.holds.sumOf(msg)
 	}
-	t := *tp
+	t = *tp
 	if c.holds.nFailed.Load() > 0 {
 		if res, ok := c.holds.holdRedelivery(t); ok {
-			return res, 0
+			return task{}, res, false
 		}
 	}
 	t.retried = false // it runs: this attempt gets an outcome of its own
-	var start time.Time
-	if c.cfg.Observer != nil {
-		start = time.Now()
-	}
-	err := c.invoke(ctx, msg)
-	if c.cfg.Observer != nil {
-		// At least 1ns: a zero elapsed tells the Observer the handler did
-		// not run (a clock coarser than the run would read 0).
-		elapsed = max(time.Since(start), 1)
-	}
+	return t, 0, true
+}
+
+// outcome settles t by err, what its handler returned: a success is left
+// to the caller to ack, a failure is classified and settled.
+func (c *Consumer) outcome(ctx context.Context, t task, err error, elapsed time.Duration) (result, time.Duration) {
 	if err == nil {
 		if c.breaker != nil {
 			c.breaker.success()
@@ -79,7 +97,7 @@ func (c *Consumer) process(ctx context.Context, tp *task) (res result, elapsed t
 		// The engine cancelled the handler at the drain deadline: whatever
 		// it returned, the work did not finish, so the message is not
 		// settled (invariant 7).
-		c.release(msg)
+		c.release(t.msg)
 		return returned, 0
 	}
 	cl := ackwise.Classify(err, c.cfg.Classifiers...)
