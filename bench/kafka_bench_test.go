@@ -459,6 +459,13 @@ func runEngine(b *testing.B, src adapters.Source, h ackwise.Handler, cfg consume
 	if err != nil {
 		b.Fatal(err)
 	}
+	runConsumer(b, c, src, all)
+}
+
+// runConsumer runs c on src until all is closed, then stops it and closes
+// src (the final commit).
+func runConsumer(b *testing.B, c *consumer.Consumer, src adapters.Source, all chan struct{}) {
+	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()

@@ -398,6 +398,13 @@ func (c *Consumer) awaitSpace(ctx context.Context) int {
 		if free > 0 && !paused {
 			return free
 		}
+		if c.bh != nil {
+			c.mu.Lock()
+			// Nothing more can come to fill the waiting batch: no
+			// need to let it linger.
+			c.pool.flushPendingLocked()
+			c.mu.Unlock()
+		}
 		select {
 		case <-c.space:
 		case <-ctx.Done():

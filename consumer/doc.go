@@ -13,6 +13,12 @@
 //   - a permanent error (or a panic, by default): dead-letter at once;
 //   - a discard error: acknowledge and count.
 //
+// [NewBatch] runs an [ackwise.BatchHandler] on batches instead (bulk writes
+// to a database or warehouse): each message of a batch has its own outcome
+// and is settled as above, one message per key per batch keeps per-key
+// order, and a batch that fails as a whole runs again one message at a time
+// so that a poison message is dead-lettered alone (docs/batch.md).
+//
 // A dead letter is confirmed by the broker before the message is
 // acknowledged at its source (invariant 3). In-flight messages never exceed
 // Config.MaxInFlight (invariant 6). On shutdown the engine stops receiving,
