@@ -58,16 +58,18 @@ func (s *Store) lockKey(ctx context.Context, k any, ok func() bool) (bool, error
 	}
 }
 
-// unlockKey ends the pending claim on k, running apply under the lock first.
-// It must be called with s.mu not held.
-func (s *Store) unlockKey(k any, apply func()) {
+// unlockKeys ends the pending claims on keys, running apply under the lock
+// first. It must be called with s.mu not held.
+func (s *Store) unlockKeys(keys []any, apply func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if apply != nil {
 		apply()
 	}
-	close(s.pending[k])
-	delete(s.pending, k)
+	for _, k := range keys {
+		close(s.pending[k])
+		delete(s.pending, k)
+	}
 }
 
 // ClaimEvent implements [middleware.InboxStore]. A second claim on a key
@@ -77,7 +79,39 @@ func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middle
 	if err != nil || !ok {
 		return nil, false, err
 	}
-	return &claim{s: s, k: key, commit: func() { s.events[key] = s.clock.Now() }}, true, nil
+	return &claim{s: s, keys: []any{key}, commit: func() { s.events[key] = s.clock.Now() }}, true, nil
+}
+
+var _ middleware.BatchInboxStore = (*Store)(nil)
+
+// ClaimEvents implements [middleware.BatchInboxStore]: it claims the keys
+// one after another, in the caller's order, each waiting as ClaimEvent does
+// while another claim holds it. If ctx ends meanwhile it releases the keys
+// it claimed and returns ctx's error.
+func (s *Store) ClaimEvents(ctx context.Context, keys []middleware.InboxKey, claimed []bool) (middleware.Claim, error) {
+	c := &claim{s: s, commit: func() {}}
+	var held []any
+	for i, key := range keys {
+		ok, err := s.lockKey(ctx, key, func() bool { _, done := s.events[key]; return !done })
+		if err != nil {
+			c.keys = held
+			_ = c.Rollback(ctx)
+			clear(claimed)
+			return nil, err
+		}
+		claimed[i] = ok
+		if ok {
+			held = append(held, key)
+		}
+	}
+	c.keys = held
+	c.commit = func() {
+		now := s.clock.Now()
+		for _, k := range held {
+			s.events[k.(middleware.InboxKey)] = now
+		}
+	}
+	return c, nil
 }
 
 // ClaimVersion implements [middleware.VersionStore].
@@ -91,7 +125,7 @@ func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, ver
 	if err != nil || !ok {
 		return nil, recorded, false, err
 	}
-	return &claim{s: s, k: key, commit: func() { s.versions[key] = version }}, recorded, true, nil
+	return &claim{s: s, keys: []any{key}, commit: func() { s.versions[key] = version }}, recorded, true, nil
 }
 
 // Handled reports whether key has a committed record.
@@ -133,7 +167,7 @@ func (s *Store) Prune(olderThan time.Duration) int {
 
 type claim struct {
 	s      *Store
-	k      any
+	keys   []any
 	commit func()
 	ended  bool
 }
@@ -145,7 +179,7 @@ func (c *claim) Commit(context.Context) error {
 		return nil
 	}
 	c.ended = true
-	c.s.unlockKey(c.k, c.commit)
+	c.s.unlockKeys(c.keys, c.commit)
 	return nil
 }
 
@@ -154,6 +188,6 @@ func (c *claim) Rollback(context.Context) error {
 		return nil
 	}
 	c.ended = true
-	c.s.unlockKey(c.k, nil)
+	c.s.unlockKeys(c.keys, nil)
 	return nil
 }

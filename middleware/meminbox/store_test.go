@@ -66,3 +66,11 @@ func TestEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
 		Handled: func(_ context.Context, key middleware.InboxKey) (bool, error) { return s.Handled(key), nil },
 	})
 }
+
+func TestBatchConformance(t *testing.T) {
+	s := meminbox.New(nil) // shared: the subtests' consumer names differ
+	inboxtest.RunBatch(t, inboxtest.Batch{
+		NewStore: func(*testing.T) middleware.BatchInboxStore { return s },
+		Handled:  func(_ context.Context, key middleware.InboxKey) (bool, error) { return s.Handled(key), nil },
+	})
+}

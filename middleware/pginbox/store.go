@@ -72,13 +72,14 @@ type Store struct {
 	indexName    string // quoted
 	lockName     string
 
-	claimSQL    string
-	claimPrefix string // BEGIN; INSERT … VALUES (, for the pipelined claim
-	versionSQL  string
-	lockVerSQL  string
-	pruneSQL    string
-	handledSQL  string
-	getVerSQL   string
+	claimSQL     string
+	claimManySQL string
+	claimPrefix  string // BEGIN; INSERT … VALUES (, for the pipelined claim
+	versionSQL   string
+	lockVerSQL   string
+	pruneSQL     string
+	handledSQL   string
+	getVerSQL    string
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,45}$`)
@@ -137,6 +138,11 @@ func New(db *pgxpool.Pool, cfg Config) (*Store, error) {
 		lockName:     "ackwise-inbox:" + cfg.Table,
 	}
 	s.claimSQL = `INSERT INTO ` + s.table + ` (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`
+	// WITH ORDINALITY … ORDER BY keeps the caller's (sorted) order, in
+	// which the INSERT takes its locks.
+	s.claimManySQL = `INSERT INTO ` + s.table + ` (consumer, event_id)
+SELECT k.consumer, k.event_id FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS k(consumer, event_id, n) ORDER BY k.n
+ON CONFLICT DO NOTHING RETURNING consumer, event_id`
 	s.claimPrefix = beginSQL + `; INSERT INTO ` + s.table + ` (consumer, event_id) VALUES (`
 	s.versionSQL = `INSERT INTO ` + s.versionTable + ` AS cur (consumer, aggregate, version) VALUES ($1, $2, $3)
 ON CONFLICT (consumer, aggregate) DO UPDATE SET version = EXCLUDED.version, updated_at = now()
@@ -218,6 +224,80 @@ func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middle
 		return s.claimNested(ctx, st.tx, s.claimSQL, key.Consumer, key.EventID)
 	}
 	return s.claimTop(ctx, key)
+}
+
+var _ middleware.BatchInboxStore = (*Store)(nil)
+
+// ClaimEvents implements [middleware.BatchInboxStore]. It begins a
+// transaction and inserts every key with one statement, INSERT … SELECT
+// FROM unnest(…) ON CONFLICT DO NOTHING RETURNING, which reports the keys
+// it inserted: two round trips (BEGIN, then the INSERT) whatever the number
+// of keys. OneRoundTripClaim does not apply: a BEGIN sent with the INSERT
+// would hide the RETURNING rows. The rows are inserted (and their locks
+// taken) in the order of keys, so callers that sort keys cannot deadlock
+// each other; a concurrent claimer of a key waits on the primary key until
+// the transaction holding it ends, as with ClaimEvent.
+//
+// Nested in the transaction of another claim on the same pool, it runs the
+// INSERT in a savepoint. A key PostgreSQL cannot store fails the whole
+// statement with a permanent error (see [middleware.BatchInbox] for how the
+// middleware finds the key).
+func (s *Store) ClaimEvents(ctx context.Context, keys []middleware.InboxKey, claimed []bool) (middleware.Claim, error) {
+	if len(claimed) != len(keys) {
+		return nil, fmt.Errorf("pginbox: ClaimEvents: %d claimed flags for %d keys", len(claimed), len(keys))
+	}
+	var c *claim
+	if st := s.enclosing(ctx); st != nil {
+		tx, err := st.tx.Begin(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("pginbox: savepoint: %w", err)
+		}
+		c = &claim{store: s, tx: tx}
+	} else {
+		conn, err := s.db.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("pginbox: acquire: %w", err)
+		}
+		tx, err := conn.BeginTx(ctx, s.opts)
+		if err != nil {
+			conn.Release()
+			return nil, fmt.Errorf("pginbox: begin: %w", err)
+		}
+		c = &claim{store: s, tx: tx, conn: conn}
+	}
+	if err := s.claimMany(ctx, c.tx, keys, claimed); err != nil {
+		_ = c.Rollback(context.WithoutCancel(ctx))
+		clear(claimed)
+		return nil, claimError("claim", err)
+	}
+	return c, nil
+}
+
+// claimMany inserts keys in tx and sets claimed[i] for each key inserted.
+func (s *Store) claimMany(ctx context.Context, tx pgx.Tx, keys []middleware.InboxKey, claimed []bool) error {
+	clear(claimed)
+	if len(keys) == 0 {
+		return nil
+	}
+	consumers := make([]string, len(keys))
+	ids := make([]string, len(keys))
+	at := make(map[middleware.InboxKey]int, len(keys))
+	for i, k := range keys {
+		consumers[i], ids[i] = k.Consumer, k.EventID
+		at[k] = i
+	}
+	rows, err := tx.Query(ctx, s.claimManySQL, consumers, ids)
+	if err != nil {
+		return err
+	}
+	var k middleware.InboxKey
+	_, err = pgx.ForEachRow(rows, []any{&k.Consumer, &k.EventID}, func() error {
+		if i, ok := at[k]; ok {
+			claimed[i] = true
+		}
+		return nil
+	})
+	return err
 }
 
 // ClaimVersion implements [middleware.VersionStore]. In one round trip (a

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -193,7 +194,81 @@ func Tx(ctx context.Context) *sql.Tx {
 // same *sql.DB, whichever Store made it). Concurrent claimers queue on
 // SQLite's write lock.
 func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middleware.Claim, bool, error) {
-	return s.claim(ctx, nil, s.claimSQL, key.Consumer, key.EventID, time.Now().UnixMilli())
+	return s.claim(ctx, func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		return insert(ctx, tx, s.claimSQL, key.Consumer, key.EventID, time.Now().UnixMilli())
+	})
+}
+
+var _ middleware.BatchInboxStore = (*Store)(nil)
+
+// claimRows is the number of keys one INSERT of [Store.ClaimEvents] holds:
+// 3 variables a row keeps it under 999, the variable limit of SQLite builds
+// before 3.32 (later ones allow 32766).
+const claimRows = 300
+
+// ClaimEvents implements [middleware.BatchInboxStore] with one INSERT …
+// VALUES (…), (…) ON CONFLICT DO NOTHING RETURNING per claimRows (300)
+// keys, in one transaction (or a savepoint of an enclosing claim, as
+// ClaimEvent). Concurrent claimers queue on SQLite's write lock, taken at
+// BEGIN, so no two batch claims interleave.
+func (s *Store) ClaimEvents(ctx context.Context, keys []middleware.InboxKey, claimed []bool) (middleware.Claim, error) {
+	if len(claimed) != len(keys) {
+		return nil, fmt.Errorf("sqliteinbox: ClaimEvents: %d claimed flags for %d keys", len(claimed), len(keys))
+	}
+	clear(claimed)
+	c, _, err := s.claim(ctx, func(ctx context.Context, tx *sql.Tx) (bool, error) {
+		return true, s.claimMany(ctx, tx, keys, claimed)
+	})
+	if err != nil {
+		clear(claimed)
+	}
+	return c, err
+}
+
+// claimMany inserts keys in tx, claimRows a statement, and sets claimed[i]
+// for each key inserted.
+func (s *Store) claimMany(ctx context.Context, tx *sql.Tx, keys []middleware.InboxKey, claimed []bool) error {
+	at := make(map[middleware.InboxKey]int, len(keys))
+	for i, k := range keys {
+		at[k] = i
+	}
+	now := time.Now().UnixMilli()
+	var q strings.Builder
+	args := make([]any, 0, 3*min(len(keys), claimRows))
+	for chunk := range slices.Chunk(keys, claimRows) {
+		q.Reset()
+		q.WriteString(`INSERT INTO ` + s.table + ` (consumer, event_id, processed_at) VALUES `)
+		args = args[:0]
+		for i, k := range chunk {
+			if i > 0 {
+				q.WriteString(", ")
+			}
+			q.WriteString("(?, ?, ?)")
+			args = append(args, k.Consumer, k.EventID, now)
+		}
+		q.WriteString(` ON CONFLICT DO NOTHING RETURNING consumer, event_id`)
+		rows, err := tx.QueryContext(ctx, q.String(), args...)
+		if err != nil {
+			return err
+		}
+		for rows.Next() {
+			var k middleware.InboxKey
+			if err := rows.Scan(&k.Consumer, &k.EventID); err != nil {
+				rows.Close()
+				return err
+			}
+			if i, ok := at[k]; ok {
+				claimed[i] = true
+			}
+		}
+		if err := rows.Close(); err != nil {
+			return err
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ClaimVersion implements [middleware.VersionStore] with an upsert that
@@ -205,22 +280,33 @@ func (s *Store) ClaimEvent(ctx context.Context, key middleware.InboxKey) (middle
 // deferred).
 func (s *Store) ClaimVersion(ctx context.Context, key middleware.VersionKey, version int64) (middleware.Claim, int64, bool, error) {
 	var recorded int64
-	read := func(ctx context.Context, tx *sql.Tx) error {
+	c, newer, err := s.claim(ctx, func(ctx context.Context, tx *sql.Tx) (bool, error) {
 		err := tx.QueryRowContext(ctx, s.lockVerSQL, key.Consumer, key.Aggregate).Scan(&recorded)
 		if errors.Is(err, sql.ErrNoRows) {
-			recorded = 0
-			return nil
+			recorded, err = 0, nil
 		}
-		return err
-	}
-	c, newer, err := s.claim(ctx, read, s.versionSQL, key.Consumer, key.Aggregate, version, time.Now().UnixMilli())
+		if err != nil {
+			return false, err
+		}
+		return insert(ctx, tx, s.versionSQL, key.Consumer, key.Aggregate, version, time.Now().UnixMilli())
+	})
 	return c, recorded, newer, err
 }
 
+// insert runs query, an INSERT, in tx and reports whether it affected a row.
+func insert(ctx context.Context, tx *sql.Tx, query string, args ...any) (bool, error) {
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
 // claim opens a claim: a transaction (or a savepoint of the enclosing
-// claim's), in which it runs pre (when not nil) and then query, an INSERT
-// that affects no row when the claim is not to be made.
-func (s *Store) claim(ctx context.Context, pre func(context.Context, *sql.Tx) error, query string, args ...any) (middleware.Claim, bool, error) {
+// claim's), in which it runs body; the claim is kept when body reports true,
+// and rolled back when it reports false or fails.
+func (s *Store) claim(ctx context.Context, body func(context.Context, *sql.Tx) (bool, error)) (middleware.Claim, bool, error) {
 	c := &claim{store: s}
 	// stop detaches the transaction from ctx once the claim is made; it
 	// reports false when ctx ended first (the transaction is then being
@@ -253,21 +339,11 @@ func (s *Store) claim(ctx context.Context, pre func(context.Context, *sql.Tx) er
 		}
 		c.tx = tx
 	}
-	var err error
-	if pre != nil {
-		err = pre(ctx, c.tx)
-	}
-	var n int64
-	if err == nil {
-		var res sql.Result
-		if res, err = c.tx.ExecContext(ctx, query, args...); err == nil {
-			n, err = res.RowsAffected()
-		}
-	}
+	keep, err := body(ctx, c.tx)
 	if !stop() && err == nil {
 		err = context.Cause(ctx)
 	}
-	if err != nil || n == 0 {
+	if err != nil || !keep {
 		_ = c.Rollback(context.WithoutCancel(ctx))
 		if err != nil {
 			return nil, false, fmt.Errorf("sqliteinbox: claim: %w", err)

@@ -1,0 +1,179 @@
+package pginbox_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/internal/pgtest"
+	"github.com/ackwise/ackwise/middleware"
+	"github.com/ackwise/ackwise/middleware/inboxtest"
+	"github.com/ackwise/ackwise/middleware/pginbox"
+)
+
+// batchEffects writes one effect row per message with one INSERT through
+// the claim's transaction.
+func (b *testBundle) batchEffects(ctx context.Context, msgs []*ackwise.Message) error {
+	ids := make([]string, len(msgs))
+	for i, m := range msgs {
+		ids[i] = m.ID
+	}
+	_, err := pginbox.Tx(ctx).Exec(ctx, `INSERT INTO `+b.schema+`.effects (event_id, amount) SELECT unnest($1::text[]), 1`, ids)
+	return err
+}
+
+func TestBatchConformance(t *testing.T) {
+	b := setup(t)
+	inboxtest.RunBatch(t, inboxtest.Batch{
+		NewStore: func(*testing.T) middleware.BatchInboxStore { return b.store },
+		Handled:  b.store.Handled,
+		Apply:    b.batchEffects,
+		Effects:  b.effects,
+		Pending: func(ctx context.Context, id string) (int, error) {
+			var n int
+			err := pginbox.Tx(ctx).QueryRow(ctx, `SELECT count(*) FROM `+b.schema+`.effects WHERE event_id = $1`, id).Scan(&n)
+			return n, err
+		},
+	})
+}
+
+// statementCounter is a pgx QueryTracer that counts the statements sent
+// that contain a substring.
+type statementCounter struct {
+	mu     sync.Mutex
+	substr string
+	n      int
+}
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(data.SQL, c.substr) {
+		c.mu.Lock()
+		c.n++
+		c.mu.Unlock()
+	}
+	return ctx
+}
+
+func (*statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (c *statementCounter) count() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+// TestClaimEventsIsOneStatement counts, with a pgx tracer, the inbox
+// INSERTs a batch claim of 50 keys sends: one.
+func TestClaimEventsIsOneStatement(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	cfg, err := pgxpool.ParseConfig(pgtest.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tracer := &statementCounter{substr: "INSERT INTO " + b.schema + `."inbox"`}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := pginbox.New(pool, b.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]middleware.InboxKey, 50)
+	for i := range keys {
+		keys[i] = middleware.InboxKey{Consumer: "billing", EventID: randomName("e")}
+	}
+	claimed := make([]bool, len(keys))
+	c, err := store.ClaimEvents(t.Context(), keys, claimed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if n := tracer.count(); n != 1 {
+		t.Fatalf("a claim of %d keys sent %d inbox INSERTs, want 1", len(keys), n)
+	}
+	for i, ok := range claimed {
+		if !ok {
+			t.Fatalf("claimed[%d] = false for a new key", i)
+		}
+	}
+	// Claimed again, with 10 new keys: only the new ones are claimed.
+	more := append(keys[:40:40], make([]middleware.InboxKey, 10)...)
+	for i := 40; i < 50; i++ {
+		more[i] = middleware.InboxKey{Consumer: "billing", EventID: randomName("f")}
+	}
+	c, err = store.ClaimEvents(t.Context(), more, claimed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Rollback(t.Context()) //nolint:errcheck
+	for i, ok := range claimed {
+		if ok != (i >= 40) {
+			t.Fatalf("claimed[%d] = %v, want %v (handled already: false)", i, ok, i >= 40)
+		}
+	}
+}
+
+// TestBatchUnstorableKeyFailsOnlyItsMessage: an event ID PostgreSQL cannot
+// store fails the batch claim's one statement; the inbox finds its message,
+// which fails permanently, and the others commit.
+func TestBatchUnstorableKeyFailsOnlyItsMessage(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	mw, err := middleware.BatchInbox(b.store, middleware.InboxConfig{Consumer: "billing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(ackwise.BatchHandlerFunc(b.batchEffects))
+	msgs := []*ackwise.Message{msgFor("ok-1"), msgFor("bad\x00id"), msgFor("ok-2")}
+	errs := make([]error, len(msgs))
+	ackwise.BatchOutcomes(h.HandleBatch(t.Context(), msgs), errs)
+	if errs[0] != nil || errs[2] != nil {
+		t.Fatalf("storable events failed: %v, %v", errs[0], errs[2])
+	}
+	if errs[1] == nil || ackwise.ClassOf(errs[1]) != ackwise.ClassPermanent {
+		t.Fatalf("event ID with a NUL byte: %v, want a permanent error", errs[1])
+	}
+	if b.effects(t, "ok-1") != 1 || b.effects(t, "ok-2") != 1 {
+		t.Fatal("the storable events' effects did not commit")
+	}
+}
+
+// TestBatchNestedInAnotherClaim: a batch claim inside another claim's
+// transaction on the same pool runs in a savepoint of it.
+func TestBatchNestedInAnotherClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	outer, ok, err := b.store.ClaimEvent(t.Context(), middleware.InboxKey{Consumer: "outer", EventID: "o"})
+	if err != nil || !ok {
+		t.Fatalf("outer claim: %v, %v", ok, err)
+	}
+	ctx := outer.Context(t.Context())
+	claimed := make([]bool, 2)
+	c, err := b.store.ClaimEvents(ctx, []middleware.InboxKey{{Consumer: "billing", EventID: "a"}, {Consumer: "billing", EventID: "b"}}, claimed)
+	if err != nil || !claimed[0] || !claimed[1] {
+		t.Fatalf("nested batch claim: %v, %v", claimed, err)
+	}
+	if err := c.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.store.Handled(t.Context(), middleware.InboxKey{Consumer: "billing", EventID: "a"}); ok {
+		t.Fatal("a nested claim committed before its enclosing transaction")
+	}
+	if err := outer.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _ := b.store.Handled(t.Context(), middleware.InboxKey{Consumer: "billing", EventID: "a"}); ok {
+		t.Fatal("a nested claim survived its enclosing transaction's rollback")
+	}
+}
