@@ -3,6 +3,7 @@ package middleware
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -91,7 +92,10 @@ type BatchInboxStore interface {
 // a nil store or an empty Consumer. The middleware is safe for concurrent
 // use.
 func BatchInbox(store BatchInboxStore, cfg InboxConfig) (ackwise.BatchMiddleware, error) {
-	if err := needStoreAndConsumer("BatchInbox", store == nil, cfg.Consumer); err != nil {
+	if store == nil {
+		return nil, errors.New("middleware: BatchInbox store is nil")
+	}
+	if err := needStoreAndConsumer("Inbox", false, cfg.Consumer); err != nil { // the field is InboxConfig's
 		return nil, err
 	}
 	bi := &batchInbox{store: store, cfg: cfg, keyFunc: cfg.KeyFunc, logger: orDiscard(cfg.Logger)}
