@@ -66,16 +66,6 @@ func outcomes(err error, n int) []error {
 	return errs
 }
 
-func TestBatchInboxConfigErrors(t *testing.T) {
-	t.Parallel()
-	if _, err := middleware.BatchInbox(nil, middleware.InboxConfig{Consumer: "c"}); err == nil || !strings.Contains(err.Error(), "BatchInbox store is nil") {
-		t.Errorf("nil store: %v", err)
-	}
-	if _, err := middleware.BatchInbox(meminbox.New(nil), middleware.InboxConfig{}); err == nil || !strings.Contains(err.Error(), "InboxConfig.Consumer") {
-		t.Errorf("empty consumer: %v", err)
-	}
-}
-
 func TestBatchInboxCommitError(t *testing.T) {
 	t.Parallel()
 	down := errors.New("connection reset during COMMIT")

@@ -19,11 +19,30 @@ func counting(runs *atomic.Int32) ackwise.Handler {
 
 func TestInboxConfigErrors(t *testing.T) {
 	t.Parallel()
-	if _, err := middleware.Inbox(nil, middleware.InboxConfig{Consumer: "c"}); err == nil || !strings.Contains(err.Error(), "store is nil") {
-		t.Errorf("nil store: %v", err)
-	}
-	if _, err := middleware.Inbox(meminbox.New(nil), middleware.InboxConfig{}); err == nil || !strings.Contains(err.Error(), "InboxConfig.Consumer") {
-		t.Errorf("empty consumer: %v", err)
+	for name, build := range map[string]func(*meminbox.Store, middleware.InboxConfig) error{
+		"Inbox": func(s *meminbox.Store, cfg middleware.InboxConfig) error {
+			var store middleware.InboxStore // a typed nil would not be nil
+			if s != nil {
+				store = s
+			}
+			_, err := middleware.Inbox(store, cfg)
+			return err
+		},
+		"BatchInbox": func(s *meminbox.Store, cfg middleware.InboxConfig) error {
+			var store middleware.BatchInboxStore
+			if s != nil {
+				store = s
+			}
+			_, err := middleware.BatchInbox(store, cfg)
+			return err
+		},
+	} {
+		if err := build(nil, middleware.InboxConfig{Consumer: "c"}); err == nil || !strings.Contains(err.Error(), name+" store is nil") {
+			t.Errorf("%s, nil store: %v", name, err)
+		}
+		if err := build(meminbox.New(nil), middleware.InboxConfig{}); err == nil || !strings.Contains(err.Error(), "InboxConfig.Consumer") {
+			t.Errorf("%s, empty consumer: %v", name, err)
+		}
 	}
 }
 
