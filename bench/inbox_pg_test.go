@@ -33,6 +33,7 @@ type inboxVariant struct {
 type inboxFixture struct {
 	pool     *pgxpool.Pool
 	schema   string // quoted
+	store    *pginbox.Store
 	variants []inboxVariant
 }
 
@@ -121,7 +122,7 @@ func newInboxFixture(b *testing.B) *inboxFixture {
 		_, err := pginbox.Tx(ctx).Exec(ctx, insertEffect, msg.ID)
 		return err
 	})
-	f := &inboxFixture{pool: pool, schema: schema}
+	f := &inboxFixture{pool: pool, schema: schema, store: store}
 	f.variants = []inboxVariant{
 		{"effect-autocommit", ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
 			_, err := pool.Exec(ctx, insertEffect, msg.ID)
