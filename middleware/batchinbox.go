@@ -80,10 +80,11 @@ type BatchInboxStore interface {
 // effects, so the successful messages of a failed round would keep their
 // effects and apply them again in the next round.
 //
-// A ClaimEvents error fails every message still to run with it; when it is
-// permanent and names none of the keys (one unstorable event ID fails the
-// store's single statement), each key is claimed on its own to find the
-// messages it belongs to, which fail permanently, and the others run.
+// A ClaimEvents error fails every message still to run with it, except a
+// permanent one (an event ID the store cannot record fails its single
+// statement for the whole batch): each key is then claimed on its own, and
+// rolled back, to find the keys that fail; their messages fail permanently
+// and the others run.
 //
 // The commit (or rollback) runs even when ctx was cancelled after the
 // handler returned (bounded by 10s). It returns nil when every message
@@ -216,7 +217,7 @@ func (bi *batchInbox) round(ctx context.Context, next ackwise.BatchHandler, bc *
 	clear(bc.claimed)
 	c, err := bi.store.ClaimEvents(ctx, bc.keys, bc.claimed)
 	if err != nil {
-		if len(bc.keys) > 1 && ackwise.ClassOf(err) == ackwise.ClassPermanent && bi.isolate(ctx, bc) {
+		if len(bc.live) > 1 && ackwise.ClassOf(err) == ackwise.ClassPermanent && bi.isolate(ctx, bc) {
 			return true
 		}
 		err = fmt.Errorf("middleware: batch inbox claim: %w", err)

@@ -1,6 +1,7 @@
 // Package middleware holds ackwise's built-in middleware: [Recover],
 // [Timeout], [Logging], [Validate] and [Permanentize], the idempotency
-// [Inbox] with its stores, the [VersionGate], and [IdempotencyKey] for calls
+// [Inbox] with its stores (and [BatchInbox], its counterpart for
+// [ackwise.BatchHandler]), the [VersionGate], and [IdempotencyKey] for calls
 // to external systems. Each is an [ackwise.Middleware] (func(Handler)
 // Handler) and is safe for concurrent use.
 //

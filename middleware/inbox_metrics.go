@@ -14,8 +14,9 @@ import (
 // use (InboxConfig.MeterProvider). Its version is ackwise's module version.
 const MeterName = "github.com/ackwise/ackwise/middleware"
 
-// MetricInboxDuplicates counts the messages [Inbox] acknowledged without
-// running the handler, their event already handled ({message}), with the
+// MetricInboxDuplicates counts the messages [Inbox] (or [BatchInbox])
+// acknowledged without running the handler, their event already handled
+// ({message}), with the
 // attributes ackwise.consumer.name (InboxConfig.Consumer) and
 // messaging.destination.name (Message.Source): the duplicates that
 // at-least-once delivery produced and the inbox absorbed.

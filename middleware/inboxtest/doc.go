@@ -4,6 +4,8 @@
 //
 // The suite drives the stores through middleware.Inbox and
 // middleware.VersionGate, calling the wrapped handler directly as the engine
-// would, and redelivering a message by calling it again; [RunEngine] drives
-// an inbox under the consumer engine on the memory broker with its faults.
+// would, and redelivering a message by calling it again. [RunBatch] drives a
+// [middleware.BatchInboxStore] through middleware.BatchInbox. [RunEngine]
+// drives an inbox under the consumer engine on the memory broker with its
+// faults.
 package inboxtest

@@ -27,6 +27,12 @@
 // INSERT to save a round trip (worth it when the database is across a
 // network), at the price of an ERROR line in the server log per duplicate.
 //
+// [middleware.BatchInbox] claims a whole batch with [Store.ClaimEvents]:
+// BEGIN, then one INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING
+// RETURNING for every key of the batch (two round trips per batch, whatever
+// its size), and the batch handler writes every message's effect through
+// the same [Tx], ideally with one multi-row INSERT or CopyFrom.
+//
 // A claim fails with a permanent error ([ackwise.Permanent]) for an event ID
 // or aggregate ID PostgreSQL cannot store (a NUL byte, an invalid character, too long for
 // the index): retrying cannot cure it, so the message is dead-lettered at
