@@ -21,10 +21,12 @@ type batchStore struct {
 	faultyStore
 	claimErr              func(keys []middleware.InboxKey) error
 	claims, ends, commits atomic.Int32
+	lastKeys              []middleware.InboxKey
 }
 
 func (s *batchStore) ClaimEvents(_ context.Context, keys []middleware.InboxKey, claimed []bool) (middleware.Claim, error) {
 	s.claims.Add(1)
+	s.lastKeys = slices.Clone(keys)
 	if s.claimErr != nil {
 		if err := s.claimErr(keys); err != nil {
 			return nil, err
@@ -206,5 +208,25 @@ func TestBatchInboxRoundsBounded(t *testing.T) {
 	}
 	if rounds.Load() != 4 || s.commits.Load() != 0 || s.ends.Load() != 4 {
 		t.Fatalf("%d rounds, %d commits, %d ends; want 4, 0, 4", rounds.Load(), s.commits.Load(), s.ends.Load())
+	}
+}
+
+// TestBatchInboxClaimsSortedKeys: the keys reach the store once each and
+// sorted, whatever the batch's order, so that two batches with common
+// events lock them in one order.
+func TestBatchInboxClaimsSortedKeys(t *testing.T) {
+	t.Parallel()
+	s := &batchStore{}
+	mw, _ := middleware.BatchInbox(s, middleware.InboxConfig{Consumer: "c"})
+	h := mw(ackwise.BatchHandlerFunc(func(context.Context, []*ackwise.Message) error { return nil }))
+	if err := h.HandleBatch(t.Context(), batchOf("k3", "k1", "k2", "k1", "k0")); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, k := range s.lastKeys {
+		got = append(got, k.EventID)
+	}
+	if want := []string{"k0", "k1", "k2", "k3"}; !slices.Equal(got, want) {
+		t.Fatalf("claimed %v, want %v (distinct, sorted)", got, want)
 	}
 }

@@ -236,7 +236,7 @@ func RunBatch(t *testing.T, e Batch) {
 		t.Parallel()
 		r := newBatchRun(t, e, middleware.InboxConfig{})
 		h := r.wrap(e.Apply)
-		const rounds, keys = 5, 20
+		const rounds, keys = 5, 100
 		// A deadlock between the two would end here, with the context's
 		// error, instead of hanging the test binary.
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)

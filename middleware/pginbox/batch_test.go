@@ -2,6 +2,7 @@ package pginbox_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -176,4 +177,74 @@ func TestBatchNestedInAnotherClaim(t *testing.T) {
 	if ok, _ := b.store.Handled(t.Context(), middleware.InboxKey{Consumer: "billing", EventID: "a"}); ok {
 		t.Fatal("a nested claim survived its enclosing transaction's rollback")
 	}
+}
+
+// TestClaimEventsLocksInKeyOrder: a batch claim takes its keys' locks in
+// the order given. Claim A holds k2; batch G (k1, k2, k3) inserts k1 and
+// waits on k2; claim B of k1 then waits on G, and finds k1 handled once G
+// commits. (Inserted in another order, G would wait on k2 before locking
+// k1, and B would claim k1.)
+func TestClaimEventsLocksInKeyOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	key := func(id string) middleware.InboxKey { return middleware.InboxKey{Consumer: "billing", EventID: id} }
+	a, ok, err := b.store.ClaimEvent(t.Context(), key("k2"))
+	if err != nil || !ok {
+		t.Fatalf("claim A: %v, %v", ok, err)
+	}
+	// A failing test ends every claim (t.Context's end stops the blocked
+	// ones), or the pool would wait for their connections forever.
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		open = []middleware.Claim{a}
+	)
+	t.Cleanup(func() {
+		wg.Wait()
+		for _, c := range open {
+			_ = c.Rollback(context.Background()) // after a Commit: an error, and nothing done
+		}
+	})
+	type result struct {
+		c       middleware.Claim
+		claimed []bool
+		err     error
+	}
+	claimAsync := func(ids ...string) chan result {
+		ch := make(chan result, 1)
+		wg.Go(func() {
+			keys := make([]middleware.InboxKey, len(ids))
+			for i, id := range ids {
+				keys[i] = key(id)
+			}
+			r := result{claimed: make([]bool, len(ids))}
+			r.c, r.err = b.store.ClaimEvents(t.Context(), keys, r.claimed)
+			if r.c != nil {
+				mu.Lock()
+				open = append(open, r.c)
+				mu.Unlock()
+			}
+			ch <- r
+		})
+		return ch
+	}
+	g := claimAsync("k1", "k2", "k3")
+	b.waitForLockWaiters(t, 1)
+	bc := claimAsync("k1")
+	b.waitForLockWaiters(t, 2)
+	if err := a.Rollback(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	gr := <-g
+	if gr.err != nil || !slices.Equal(gr.claimed, []bool{true, true, true}) {
+		t.Fatalf("batch G: %v, %v; want every key claimed once A rolled back", gr.claimed, gr.err)
+	}
+	if err := gr.c.Commit(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	br := <-bc
+	if br.err != nil || br.claimed[0] {
+		t.Fatalf("claim B of k1: %v, %v; want it to have waited for G and found k1 handled", br.claimed, br.err)
+	}
+	_ = br.c.Rollback(t.Context())
 }

@@ -170,17 +170,20 @@ func TestRacingConsumersApplyOnce(t *testing.T) {
 // while running the inbox claim: the second claimer is blocked on the first
 // claimer's uncommitted row. There is no signal for this but the server's
 // own view.
-func (b *testBundle) waitForLockWait(t *testing.T) {
+func (b *testBundle) waitForLockWait(t *testing.T) { b.waitForLockWaiters(t, 1) }
+
+// waitForLockWaiters waits until n claimers are blocked on row locks.
+func (b *testBundle) waitForLockWaiters(t *testing.T, n int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		n := b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
+		waiting := b.count(t, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE $1`,
 			`%INSERT INTO `+b.schema+`.%`)
-		if n > 0 {
+		if waiting >= n {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the second claimer never blocked on the first claim's row lock")
+			t.Fatalf("%d claimer(s) blocked on another claim's row lock, want %d", waiting, n)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
