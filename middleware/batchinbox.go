@@ -38,7 +38,8 @@ type BatchInboxStore interface {
 // For each call it keys every message as Inbox does ([InboxConfig].KeyFunc;
 // a KeyFunc error fails that message, marked permanent unless classified;
 // an empty ID fails it with [ErrNoEventID], marked permanent, unless
-// AllowMissingKey, which runs it in the batch without deduplication). It
+// AllowMissingKey, which runs it in the batch, in the same transaction,
+// without deduplication). It
 // claims the distinct keys, sorted, in one [BatchInboxStore.ClaimEvents]
 // call, and acknowledges (nil) the messages whose event is already handled
 // without passing them on (OnDuplicate, the Debug record and the duplicate
@@ -85,6 +86,12 @@ type BatchInboxStore interface {
 // statement for the whole batch): each key is then claimed on its own, and
 // rolled back, to find the keys that fail; their messages fail permanently
 // and the others run.
+//
+// Cost: one ClaimEvents and one commit per batch (pginbox: BEGIN, one
+// INSERT for every key, COMMIT), plus a rollback and a new claim per round
+// after a failure. The claim holds its records' locks (and pginbox's
+// connection) until the batch commits: a concurrent claimer of one of its
+// events waits for the whole batch.
 //
 // The commit (or rollback) runs even when ctx was cancelled after the
 // handler returned (bounded by 10s). It returns nil when every message

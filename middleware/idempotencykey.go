@@ -41,7 +41,8 @@ func IdempotencyKey(msg *ackwise.Message, consumer, step string) string {
 // claimed for the message (what [InboxConfig].KeyFunc returned, when set) and
 // step. ctx is the handler's. It returns "" when ctx does not come from an
 // inbox that claimed an event (no inbox, or a message without a key let
-// through by AllowMissingKey).
+// through by AllowMissingKey), and under a [BatchInbox], whose context
+// serves a whole batch: use [IdempotencyKey] per message there.
 func InboxIdempotencyKey(ctx context.Context, step string) string {
 	k, ok := ctx.Value(inboxKeyCtx{}).(InboxKey)
 	if !ok {

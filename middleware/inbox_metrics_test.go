@@ -37,6 +37,16 @@ func TestInboxDuplicatesCounted(t *testing.T) {
 	if runs.Load() != 1 {
 		t.Fatalf("handler ran %d times, want 1", runs.Load())
 	}
+	got := duplicatesBySource(t, reader)
+	if got["orders"] != 1 || got["orders.retry"] != 1 || len(got) != 2 {
+		t.Fatalf("duplicates by source %v, want orders 1, orders.retry 1", got)
+	}
+}
+
+// duplicatesBySource collects MetricInboxDuplicates from reader, checking
+// its scope, unit, kind and consumer attribute, summed by source.
+func duplicatesBySource(t *testing.T, reader *sdkmetric.ManualReader) map[string]int64 {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(context.Background(), &rm); err != nil {
 		t.Fatal(err)
@@ -64,7 +74,31 @@ func TestInboxDuplicatesCounted(t *testing.T) {
 			}
 		}
 	}
-	if got["orders"] != 1 || got["orders.retry"] != 1 || len(got) != 2 {
-		t.Fatalf("duplicates by source %v, want orders 1, orders.retry 1", got)
+	return got
+}
+
+// TestBatchInboxDuplicatesCounted: BatchInbox counts each duplicate
+// message once, a copy within the batch and an event handled before alike.
+func TestBatchInboxDuplicatesCounted(t *testing.T) {
+	t.Parallel()
+	reader := sdkmetric.NewManualReader()
+	mw, err := middleware.BatchInbox(meminbox.New(nil), middleware.InboxConfig{
+		Consumer:      "billing",
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(ackwise.BatchHandlerFunc(func(context.Context, []*ackwise.Message) error { return nil }))
+	for _, msgs := range [][]*ackwise.Message{batchOf("e1", "e2", "e1"), batchOf("e2", "e3")} {
+		for _, m := range msgs {
+			m.Source = "orders"
+		}
+		if err := h.HandleBatch(t.Context(), msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := duplicatesBySource(t, reader); got["orders"] != 2 || len(got) != 1 {
+		t.Fatalf("duplicates by source %v, want orders 2 (e1's copy, then e2)", got)
 	}
 }
