@@ -12,6 +12,10 @@
 // fails as a transient error and spends an attempt. Keep handlers short, or
 // run one worker per SQLite file, or use pginbox.
 //
+// [middleware.BatchInbox] ([Store.ClaimEvents]) claims a whole batch in one
+// transaction, with one multi-row INSERT … RETURNING per 300 keys: one
+// write lock and one commit per batch instead of one per message.
+//
 //	db, err := sqliteinbox.Open("app.db")
 //	store, err := sqliteinbox.New(db, sqliteinbox.Config{})
 //	err = store.Migrate(ctx)
