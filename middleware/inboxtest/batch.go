@@ -215,6 +215,17 @@ func RunBatch(t *testing.T, e Batch) {
 		}
 	})
 
+	t.Run("KeylessBatchRunsInATransaction", func(t *testing.T) {
+		t.Parallel()
+		noKey := func(*ackwise.Message) (string, error) { return "", nil }
+		r := newBatchRun(t, e, middleware.InboxConfig{KeyFunc: noKey, AllowMissingKey: true})
+		h := r.wrap(e.Apply)
+		for range 2 { // no deduplication: both deliveries apply
+			r.want(t, "batch without keys", h, r.batch("a", "b"), nil, nil)
+		}
+		r.effects(t, map[string]int{"a": 2, "b": 2})
+	})
+
 	t.Run("FinishedWorkCommitsAfterCancel", func(t *testing.T) {
 		t.Parallel()
 		r := newBatchRun(t, e, middleware.InboxConfig{})
@@ -236,7 +247,7 @@ func RunBatch(t *testing.T, e Batch) {
 		t.Parallel()
 		r := newBatchRun(t, e, middleware.InboxConfig{})
 		h := r.wrap(e.Apply)
-		const rounds, keys = 5, 100
+		const rounds, keys = 5, 20
 		// A deadlock between the two would end here, with the context's
 		// error, instead of hanging the test binary.
 		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
