@@ -50,6 +50,33 @@ type Engine struct {
 // "ev-119": give it a store (or a table, or a key prefix) of its own.
 func RunEngine(t *testing.T, e Engine) {
 	t.Helper()
+	runEngine(t, e, false)
+}
+
+// RunEngineBatch is [RunEngine] with a batch handler: consumer.NewBatch
+// (batches of up to 16) under [middleware.BatchInbox] on e.Store, which
+// must implement [middleware.BatchInboxStore]. The handler applies each
+// message's effect through the claim's transaction and gives it its own
+// outcome in a *ackwise.BatchError; the panic fails its whole batch, which
+// the engine runs again one message at a time. The same promises hold:
+// every event that succeeds ends with exactly one effect and one record,
+// every poison event with none and a dead letter. e.Transactional must be
+// set.
+func RunEngineBatch(t *testing.T, e Engine) {
+	t.Helper()
+	if _, ok := e.Store.(middleware.BatchInboxStore); !ok {
+		t.Fatalf("inboxtest: RunEngineBatch: store %T does not implement middleware.BatchInboxStore", e.Store)
+	}
+	if !e.Transactional {
+		// A failed message makes BatchInbox run its batch-mates again:
+		// only effects that roll back with the claim stay single.
+		t.Fatal("inboxtest: RunEngineBatch needs Engine.Transactional: effects written through the claim's transaction")
+	}
+	runEngine(t, e, true)
+}
+
+func runEngine(t *testing.T, e Engine, batch bool) {
+	t.Helper()
 	const n = 120
 	if e.Apply == nil && e.Effects == nil {
 		var mu sync.Mutex
@@ -106,7 +133,7 @@ func RunEngine(t *testing.T, e Engine) {
 	poison := func(id string) bool { return id[len(id)-1] == '3' }
 	var mu sync.Mutex
 	runs := map[string]int{}
-	handler := ackwise.HandlerFunc(func(ctx context.Context, msg *ackwise.Message) error {
+	handle := func(ctx context.Context, msg *ackwise.Message) error {
 		mu.Lock()
 		runs[msg.ID]++
 		run := runs[msg.ID]
@@ -128,10 +155,28 @@ func RunEngine(t *testing.T, e Engine) {
 			return e.Apply(ctx, msg)
 		}
 		return nil
-	})
-	inbox, err := middleware.Inbox(e.Store, middleware.InboxConfig{Consumer: "billing"})
-	if err != nil {
-		t.Fatal(err)
+	}
+	newConsumer := func(src *memory.QueueSource, cfg consumer.Config) (*consumer.Consumer, error) {
+		if !batch {
+			inbox, err := middleware.Inbox(e.Store, middleware.InboxConfig{Consumer: "billing"})
+			if err != nil {
+				return nil, err
+			}
+			cfg.Inbox = inbox
+			return consumer.New(src, ackwise.HandlerFunc(handle), cfg)
+		}
+		inbox, err := middleware.BatchInbox(e.Store.(middleware.BatchInboxStore), middleware.InboxConfig{Consumer: "billing"})
+		if err != nil {
+			return nil, err
+		}
+		cfg.Batch = consumer.BatchConfig{Size: 16, Linger: time.Millisecond, Inbox: inbox}
+		return consumer.NewBatch(src, ackwise.BatchHandlerFunc(func(ctx context.Context, msgs []*ackwise.Message) error {
+			out := ackwise.NewBatchError(len(msgs))
+			for i, m := range msgs {
+				out.Set(i, handle(ctx, m)) // a panic fails the whole batch
+			}
+			return out.Err()
+		}), cfg)
 	}
 
 	settled := func(events []memory.Event) map[string]bool {
@@ -155,14 +200,13 @@ func RunEngine(t *testing.T, e Engine) {
 					errs <- err
 					return
 				}
-				c, err := consumer.New(src, handler, consumer.Config{
+				c, err := newConsumer(src, consumer.Config{
 					Name: "billing", Concurrency: 4, RetryPanics: true,
 					// Unlimited: the messages released unrun behind a
 					// failed ack of their key spend deliveries too
 					// (docs/ordering.md), and a limit would dead-letter
 					// some after one failure of their own.
 					Retry: retry.Policy{MaxAttempts: retry.Unlimited, InitialInterval: time.Millisecond, MaxInterval: 5 * time.Millisecond},
-					Inbox: inbox,
 				})
 				if err != nil {
 					errs <- err

@@ -15,16 +15,27 @@ import (
 // failing on some events.
 func TestEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
 	eachMode(t, func(t *testing.T, mode func(*pginbox.Config)) {
-		b := setup(t, mode)
-		inboxtest.RunEngine(t, inboxtest.Engine{
-			Store:   b.store,
-			Handled: b.store.Handled,
-			Apply: func(ctx context.Context, msg *ackwise.Message) error {
-				_, err := pginbox.Tx(ctx).Exec(ctx, `INSERT INTO `+b.schema+`.effects (event_id, amount) VALUES ($1, 1)`, msg.ID)
-				return err
-			},
-			Effects:       b.effects,
-			Transactional: true,
-		})
+		inboxtest.RunEngine(t, engineOf(setup(t, mode)))
 	})
+}
+
+// TestBatchEngineAppliesEachEventOnceUnderFaults is the same with a batch
+// handler under BatchInbox (inboxtest.RunEngineBatch).
+func TestBatchEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
+	inboxtest.RunEngineBatch(t, engineOf(setup(t)))
+}
+
+// engineOf is the inboxtest.Engine of b's store, writing an effect row
+// through the inbox's transaction.
+func engineOf(b *testBundle) inboxtest.Engine {
+	return inboxtest.Engine{
+		Store:   b.store,
+		Handled: b.store.Handled,
+		Apply: func(ctx context.Context, msg *ackwise.Message) error {
+			_, err := pginbox.Tx(ctx).Exec(ctx, `INSERT INTO `+b.schema+`.effects (event_id, amount) VALUES ($1, 1)`, msg.ID)
+			return err
+		},
+		Effects:       b.effects,
+		Transactional: true,
+	}
 }

@@ -481,8 +481,20 @@ var (
 // events.
 func TestEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	inboxtest.RunEngine(t, inboxtest.Engine{
+	inboxtest.RunEngine(t, engineOf(setup(t)))
+}
+
+// TestBatchEngineAppliesEachEventOnceUnderFaults is the same with a batch
+// handler under BatchInbox (inboxtest.RunEngineBatch).
+func TestBatchEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
+	t.Parallel()
+	inboxtest.RunEngineBatch(t, engineOf(setup(t)))
+}
+
+// engineOf is the inboxtest.Engine of b's store, writing an effect row
+// through Tx.
+func engineOf(b *testBundle) inboxtest.Engine {
+	return inboxtest.Engine{
 		Store:   b.store,
 		Handled: b.store.Handled,
 		Apply: func(ctx context.Context, msg *ackwise.Message) error {
@@ -493,5 +505,5 @@ func TestEngineAppliesEachEventOnceUnderFaults(t *testing.T) {
 			return b.count(t, `SELECT count(*) FROM effects WHERE event_id = ?`, id)
 		},
 		Transactional: true,
-	})
+	}
 }
