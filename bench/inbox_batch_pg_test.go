@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/ackwise/ackwise"
+	"github.com/ackwise/ackwise/adapters"
+	"github.com/ackwise/ackwise/adapters/memory"
+	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/middleware"
 	"github.com/ackwise/ackwise/middleware/pginbox"
 )
@@ -92,6 +95,16 @@ func BenchmarkInboxBatchPostgres(b *testing.B) {
 		{"inbox", func() time.Duration { return f.run(b, single, perRound) }},
 		{"batch-100", func() time.Duration { return f.runBatches(b, batchHandler, perRound, 100) }},
 		{"batch-500", func() time.Duration { return f.runBatches(b, batchHandler, perRound, 500) }},
+		{"engine-inbox", func() time.Duration {
+			return runOnEngine(b, perRound, func(src adapters.Source) (*consumer.Consumer, error) {
+				return consumer.New(src, single, consumer.Config{Concurrency: inboxWorkers})
+			})
+		}},
+		{"engine-batch-500", func() time.Duration {
+			return runOnEngine(b, perRound, func(src adapters.Source) (*consumer.Consumer, error) {
+				return consumer.NewBatch(src, batchHandler, consumer.Config{Concurrency: inboxWorkers, Batch: consumer.BatchConfig{Size: 500}})
+			})
+		}},
 	}
 	rates := map[string][]float64{}
 	ratios := map[string][]float64{}
@@ -109,6 +122,7 @@ func BenchmarkInboxBatchPostgres(b *testing.B) {
 		for _, v := range []string{"batch-100", "batch-500"} {
 			ratios[v+"/inbox"] = append(ratios[v+"/inbox"], round[v]/round["inbox"])
 		}
+		ratios["engine-batch-500/engine-inbox"] = append(ratios["engine-batch-500/engine-inbox"], round["engine-batch-500"]/round["engine-inbox"])
 	}
 	var effects int
 	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM `+f.schema+`.effects`).Scan(&effects); err != nil {
@@ -123,4 +137,54 @@ func BenchmarkInboxBatchPostgres(b *testing.B) {
 	for _, name := range slices.Sorted(maps.Keys(ratios)) {
 		b.ReportMetric(median(ratios[name]), name)
 	}
+}
+
+// runOnEngine publishes n first deliveries (unique event IDs, no keys) to a
+// queue of an in-memory broker, then runs the consumer mk makes on it until
+// every message is acked, and returns the time that took.
+func runOnEngine(b *testing.B, n int, mk func(adapters.Source) (*consumer.Consumer, error)) time.Duration {
+	ctx := context.Background()
+	broker, err := memory.New(memory.Config{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prefix := fmt.Sprintf("e%d-%d-", runSeq.Add(1), time.Now().UnixNano())
+	msgs := make([]*ackwise.Message, n)
+	for i := range msgs {
+		msgs[i] = &ackwise.Message{ID: prefix + fmt.Sprint(i)}
+	}
+	if err := broker.Publish(ctx, "inbox-bench", msgs...); err != nil {
+		b.Fatal(err)
+	}
+	src, err := broker.QueueSource("inbox-bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer src.Close()
+	c, err := mk(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	start := time.Now()
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	err = broker.WaitHistory(ctx, "inbox-bench", func(events []memory.Event) bool {
+		acked := 0
+		for _, e := range events {
+			if e.Kind == memory.EventAcked {
+				acked++
+			}
+		}
+		return acked == n
+	})
+	elapsed := time.Since(start)
+	stop()
+	if rerr := <-done; err != nil || rerr != nil {
+		b.Fatalf("engine run: wait %v, Run %v", err, rerr)
+	}
+	if st := c.Stats(); st.Acked != uint64(n) {
+		b.Fatalf("engine run: stats %+v, want %d acked", st, n)
+	}
+	return elapsed
 }
