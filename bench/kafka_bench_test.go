@@ -63,6 +63,14 @@ func kafkaName(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(r[:])
 }
 
+// fataler is what the Kafka helpers need of a *testing.B: the cost harness
+// (kafka_cost_test.go) runs them outside a benchmark.
+type fataler interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
+
 // kafkaPayload is what the record values of a benchmark topic hold. How
 // well they compress decides how many records a fetch carries: the producer
 // compresses its batches (franz-go's default, snappy) and the broker caps a
@@ -124,7 +132,7 @@ func cycle(fill func(v []byte)) func(int) []byte {
 // kafkaProduce creates topic and fills it with n records over keys keys,
 // each with an ackwise-event-id header and a value of payload p, outside
 // the timer.
-func kafkaProduce(b *testing.B, brokers []string, topic string, partitions int32, n, keys int, p kafkaPayload) {
+func kafkaProduce(b fataler, brokers []string, topic string, partitions int32, n, keys int, p kafkaPayload) {
 	b.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProducerLinger(5*time.Millisecond), kgo.MaxBufferedRecords(1<<20))
 	if err != nil {
@@ -324,14 +332,14 @@ func consumeRaw(b *testing.B, p kafkaPayload) {
 	brokers, topic := kafkaFilledTopic(b, "raw", p)
 	mt := startMeter()
 	var sink int
-	rawLoop(b, brokers, topic, func(r *kgo.Record) { sink += len(r.Value) })
+	rawLoop(b, b.N, brokers, topic, func(r *kgo.Record) { sink += len(r.Value) })
 	mt.report(b)
 	_ = sink
 }
 
-// rawLoop consumes b.N records of topic in group topic+"-g": poll, call
+// rawLoop consumes n records of topic in group topic+"-g": poll, call
 // each on every record, commit what was polled (synchronously).
-func rawLoop(b *testing.B, brokers []string, topic string, each func(*kgo.Record)) {
+func rawLoop(b fataler, n int, brokers []string, topic string, each func(*kgo.Record)) {
 	// The same isolation level as the ackwise source (read_committed):
 	// kfake serves it more slowly than read_uncommitted, and the ratio
 	// is about the client side.
@@ -341,13 +349,13 @@ func rawLoop(b *testing.B, brokers []string, topic string, each func(*kgo.Record
 		b.Fatal(err)
 	}
 	ctx := context.Background()
-	for n := 0; n < b.N; {
+	for got := 0; got < n; {
 		fs := cl.PollFetches(ctx)
 		if err := fs.Err0(); err != nil {
 			b.Fatal(err)
 		}
 		fs.EachRecord(each)
-		n += fs.NumRecords()
+		got += fs.NumRecords()
 		if err := cl.CommitUncommittedOffsets(ctx); err != nil {
 			b.Fatal(err)
 		}
@@ -453,7 +461,7 @@ func countTo(n int) (ackwise.Handler, chan struct{}) {
 
 // runEngine runs the ackwise engine on src until all is closed, then stops
 // it and closes src (the final commit).
-func runEngine(b *testing.B, src adapters.Source, h ackwise.Handler, cfg consumer.Config, all chan struct{}) {
+func runEngine(b fataler, src adapters.Source, h ackwise.Handler, cfg consumer.Config, all chan struct{}) {
 	b.Helper()
 	c, err := consumer.New(src, h, cfg)
 	if err != nil {

@@ -61,7 +61,7 @@ func consumeMessageFloor(b *testing.B, p kafkaPayload) {
 		strs = append(strs, v...)
 		return unsafe.String(&strs[start], len(v))
 	}
-	rawLoop(b, brokers, topic, func(r *kgo.Record) {
+	rawLoop(b, b.N, brokers, topic, func(r *kgo.Record) {
 		hdrs = hdrs[:0]
 		msg = ackwise.Message{Key: str(r.Key), Payload: r.Value, Source: r.Topic, Partition: r.Partition, Offset: r.Offset, Attempt: 1}
 		for _, kv := range r.Headers {

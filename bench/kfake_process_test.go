@@ -30,6 +30,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(pstestChildEnv) != "" {
 		os.Exit(servePstest())
 	}
+	if os.Getenv(costEnv) != "" {
+		os.Exit(serveCost())
+	}
 	code := m.Run()
 	sqsStop() // the SQS emulator, if a benchmark started it
 	os.Exit(code)
