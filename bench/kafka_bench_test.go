@@ -380,10 +380,17 @@ func kafkaTimedSource(b *testing.B, prefix string, p kafkaPayload) (*kafka.Sourc
 // consumeSource drives the ackwise source directly: Receive, Ack, Recycle.
 func consumeSource(b *testing.B, p kafkaPayload) {
 	src, mt := kafkaTimedSource(b, "src", p)
+	sourceLoop(b, src, b.N)
+	mt.report(b)
+}
+
+// sourceLoop receives n messages from src, acks and recycles each, and
+// closes src.
+func sourceLoop(b fataler, src *kafka.Source, n int) {
 	ctx := context.Background()
 	buf := make([]*ackwise.Message, 64)
 	var sink int
-	for n := 0; n < b.N; {
+	for got := 0; got < n; {
 		k, err := src.Receive(ctx, buf)
 		if err != nil {
 			b.Fatal(err)
@@ -395,12 +402,11 @@ func consumeSource(b *testing.B, p kafkaPayload) {
 			}
 			src.Recycle(m)
 		}
-		n += k
+		got += k
 	}
 	if err := src.Close(); err != nil {
 		b.Fatal(err)
 	}
-	mt.report(b)
 	_ = sink
 }
 

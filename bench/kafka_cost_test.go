@@ -9,7 +9,6 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/ackwise/ackwise"
 	"github.com/ackwise/ackwise/adapters/kafka"
 )
 
@@ -64,24 +63,7 @@ func serveCost() int {
 		if err != nil {
 			f.Fatal(err)
 		}
-		ctx := context.Background()
-		buf := make([]*ackwise.Message, 64)
-		for got := 0; got < n; {
-			k, err := src.Receive(ctx, buf)
-			if err != nil {
-				f.Fatal(err)
-			}
-			for _, m := range buf[:k] {
-				if err := src.Ack(ctx, m); err != nil {
-					f.Fatal(err)
-				}
-				src.Recycle(m)
-			}
-			got += k
-		}
-		if err := src.Close(); err != nil {
-			f.Fatal(err)
-		}
+		sourceLoop(f, src, n)
 	default:
 		f.Fatalf("%s=%q: want produce, raw or source", costEnv, mode)
 	}
