@@ -79,8 +79,10 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 	}
 	var d *delivery
 	if n := len(s.local); n > 0 {
+		// Not cleared behind: every delivery in s.local's array is in
+		// use or waits in s.freed, kept either way (and clearing costs a
+		// write barrier while the garbage collector marks).
 		d = s.local[n-1]
-		s.local[n-1] = nil
 		s.local = s.local[:n-1]
 	} else {
 		// One allocation per 64 records instead of one per record. A
@@ -92,16 +94,12 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 		s.slab = s.slab[1:]
 	}
 
-	blob := s.strings(p, r)
-	i := 0
-	take := func(n int) string {
-		v := blob[i : i+n]
-		i += n
-		return v
-	}
+	// s.strs is written back once, below: each write of it is a write
+	// barrier while the garbage collector marks.
+	strs := carver{s.strs}
 	var key, id string
 	if len(r.Key) > 0 {
-		key = take(len(r.Key))
+		key = strs.carve(r.Key)
 	}
 	src, part, off, attempt := r.Topic, r.Partition, r.Offset, 1
 	var firstFailure time.Time
@@ -120,48 +118,22 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 		}
 		for _, kv := range r.Headers {
 			k := kv.Key // franz-go already made it a string
-			v := take(len(kv.Value))
-			switch k {
-			case HeaderRetryDue, HeaderRetryGroup:
-				continue
-			case HeaderOriginalTopic:
-				if p.retry {
-					src = v
+			v := strs.carve(kv.Value)
+			// Every header read here is named ackwise-...: the others
+			// skip the switch.
+			if len(k) > len(headerPrefix) && k[:len(headerPrefix)] == headerPrefix {
+				if k == ackwise.HeaderEventID {
+					id = v // the last one wins, as with Headers.Get
+				} else if skip := s.hopHeader(p, k, v, &src, &part, &off, &attempt, &firstFailure); skip {
 					continue
-				}
-			case HeaderOriginalPartition:
-				if p.retry {
-					if n, ok := parseCount(v); ok && n <= math.MaxInt32 {
-						part = int32(n)
-					}
-					continue
-				}
-			case HeaderOriginalOffset:
-				if p.retry {
-					if n, ok := parseCount(v); ok {
-						off = n
-					}
-					continue
-				}
-			case ackwise.HeaderEventID:
-				id = v // the last one wins, as with Headers.Get
-			case ackwise.HeaderAttempt:
-				// Only a retry topic's: on the main topic the header
-				// is a producer's (a handler that forwarded the
-				// headers of a retry it handled, or a forgery), not
-				// this chain's.
-				if n, ok := parseAttempt(v); ok && p.retry {
-					attempt = n
-				}
-			case ackwise.HeaderFirstFailure:
-				if t, err := time.Parse(time.RFC3339Nano, v); err == nil && p.retry {
-					firstFailure = t
 				}
 			}
 			h = append(h, ackwise.Header{Key: k, Value: v})
 		}
 		h = h[:len(h):len(h)]
 	}
+	brokerID := strs.brokerID(p, r.Offset)
+	s.strs = strs.b
 	// Every field is set: a recycled delivery holds the last message's.
 	// Field by field, and pointers only where they changed: while the
 	// garbage collector marks, each pointer written costs a write barrier
@@ -184,7 +156,7 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 	}
 	m.Partition = part
 	m.Offset = off
-	m.BrokerID = blob[i:]
+	m.BrokerID = brokerID
 	m.Attempt = attempt
 	m.PublishedAt = r.Timestamp
 	if m.FirstFailure != firstFailure {
@@ -196,33 +168,87 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 	return m
 }
 
+// headerPrefix begins the name of every header message reads.
+const headerPrefix = "ackwise-"
+
+// hopHeader reads header k (value v) of a record of p other than the event
+// ID into what message builds, and reports whether the header is dropped
+// from the message: the headers of a retry topic's hop, which describe the
+// hop, not the message.
+func (s *Source) hopHeader(p *partition, k, v string, src *string, part *int32, off *int64, attempt *int, firstFailure *time.Time) (skip bool) {
+	switch k {
+	case HeaderRetryDue, HeaderRetryGroup:
+		return true
+	case HeaderOriginalTopic:
+		if p.retry {
+			*src = v
+			return true
+		}
+	case HeaderOriginalPartition:
+		if p.retry {
+			if n, ok := parseCount(v); ok && n <= math.MaxInt32 {
+				*part = int32(n)
+			}
+			return true
+		}
+	case HeaderOriginalOffset:
+		if p.retry {
+			if n, ok := parseCount(v); ok {
+				*off = n
+			}
+			return true
+		}
+	case ackwise.HeaderAttempt:
+		// Only a retry topic's: on the main topic the header is a
+		// producer's (a handler that forwarded the headers of a retry it
+		// handled, or a forgery), not this chain's.
+		if n, ok := parseAttempt(v); ok && p.retry {
+			*attempt = n
+		}
+	case ackwise.HeaderFirstFailure:
+		if t, err := time.Parse(time.RFC3339Nano, v); err == nil && p.retry {
+			*firstFailure = t
+		}
+	}
+	return false
+}
+
 // strChunk is the size of the chunks the strings of messages are carved
 // from: one allocation serves about 40 records of a typical size, instead
 // of one each. A string kept after its message is recycled keeps its
 // chunk alive (at most strChunk bytes), as a kept Payload keeps its fetch.
 const strChunk = 2048
 
-// strings returns r's key, header values (in order) and broker ID,
-// concatenated, as one string carved from s.strs. The bytes of s.strs below
-// its length are never written again, which is what makes the unsafe.String
-// over them immutable.
-func (s *Source) strings(p *partition, r *kgo.Record) string {
-	n := len(r.Key) + len(p.idPrefix) + 20 // 20: the digits of any int64
-	for _, kv := range r.Headers {
-		n += len(kv.Value)
+// carver carves strings from an append-only chunk (Source.strs). The bytes
+// below the chunk's length are never written again, which is what makes
+// the unsafe.String over them immutable.
+type carver struct{ b []byte }
+
+// room makes sure n more bytes fit, starting a new chunk if not (the rest
+// of the old one is left unused).
+func (c *carver) room(n int) {
+	if cap(c.b)-len(c.b) < n {
+		c.b = make([]byte, 0, max(strChunk, n))
 	}
-	if cap(s.strs)-len(s.strs) < n {
-		s.strs = make([]byte, 0, max(strChunk, n))
+}
+
+// carve returns a copy of v as a string.
+func (c *carver) carve(v []byte) string {
+	if len(v) == 0 {
+		return ""
 	}
-	start := len(s.strs)
-	b := append(s.strs, r.Key...)
-	for _, kv := range r.Headers {
-		b = append(b, kv.Value...)
-	}
-	b = append(b, p.idPrefix...)
-	b = p.appendOffset(b, r.Offset)
-	s.strs = b
-	return unsafe.String(&b[start], len(b)-start)
+	c.room(len(v))
+	start := len(c.b)
+	c.b = append(c.b, v...)
+	return unsafe.String(&c.b[start], len(v))
+}
+
+// brokerID returns the broker ID of p's record at off, "topic/partition@off".
+func (c *carver) brokerID(p *partition, off int64) string {
+	c.room(len(p.idPrefix) + 20) // 20: the digits of any int64
+	start := len(c.b)
+	c.b = p.appendOffset(append(c.b, p.idPrefix...), off)
+	return unsafe.String(&c.b[start], len(c.b)-start)
 }
 
 // Recycle takes back the memory of messages for reuse by later deliveries.

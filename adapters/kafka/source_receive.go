@@ -188,81 +188,87 @@ func (s *Source) deliverPending(buf []*ackwise.Message, now time.Time) (n int, h
 	kick := false            // records settled here, unseen: the committer must know
 	for s.pendIdx < len(s.pending) && n < len(buf) {
 		run := &s.pending[s.pendIdx]
-		if len(run.recs) == 0 || run.p.own.Load() != ownOwned {
+		p := run.p
+		if len(run.recs) == 0 || p.own.Load() != ownOwned {
 			// Done, or revoked since the poll: its records are dropped.
 			s.queued -= len(run.recs)
 			*run = pendingRun{}
 			s.pendIdx++
 			continue
 		}
-		// Not cleared behind: the run's records go with the run, once it is
-		// delivered (a fetch at most).
-		r, p := run.recs[0], run.p
-		run.recs = run.recs[1:]
-		s.queued--
-		if p.next >= 0 && r.Offset < p.next {
-			// Seen before: fetched again after a rewind to a released
-			// record, which is delivered again; the others are skipped.
-			if seq, gen, ok := p.redeliver(r.Offset); ok {
-				s.build = append(s.build, toBuild{p: p, r: r, seq: seq, gen: gen})
-				n++
-			}
-			continue
-		}
-		if p.released > 0 {
-			// New, but a released record of p waits to be fetched again:
-			// delivered now, this one would overtake it, and its key's
-			// order would break.
-			if hold, again := p.holdBack(run.poll); hold {
-				if again && !slices.Contains(refetch, p) {
-					refetch = append(refetch, p)
+		// The run's records in one go: p's ownership changes only under
+		// s.mu, held here. Not cleared behind: the run's records go with
+		// the run, once it is delivered (a fetch at most).
+		recs := run.recs
+		i := 0
+		for ; i < len(recs) && n < len(buf); i++ {
+			r := recs[i]
+			if p.next >= 0 && r.Offset < p.next {
+				// Seen before: fetched again after a rewind to a released
+				// record, which is delivered again; the others are skipped.
+				if seq, gen, ok := p.redeliver(r.Offset); ok {
+					s.build = append(s.build, toBuild{p: p, r: r, seq: seq, gen: gen})
+					n++
 				}
-				continue // untracked, as if never fetched
-			}
-			s.log.Warn("kafka: released records are no longer in the log (compacted or deleted); they are not delivered again",
-				ackwise.LogKeyTopic, p.topic, ackwise.LogKeyPartition, p.id, "offsets", p.dropReleased())
-			kick = true
-		}
-		if p.skip != nil {
-			if _, ok := p.skip[r.Offset]; ok {
-				p.trackSettled(r.Offset, r.LeaderEpoch)
-				kick = true
 				continue
 			}
-		}
-		if p.retry {
-			due, group, tagged := retryHeaders(r)
-			if tagged && group != s.cfg.Group {
-				// Moved here by another group sharing the retry topic.
-				p.trackSettled(r.Offset, r.LeaderEpoch)
-				kick = true
-				continue
-			}
-			// A record is never due later than its tier from now: a
-			// member whose clock ran ahead (or a corrupt header) must not
-			// pause the partition for longer.
-			if limit := now.Add(s.retries[p.topic]); due.After(limit) {
-				due = limit
-			}
-			if len(p.held) > 0 || due.After(now) {
-				seq := p.track(r.Offset, r.LeaderEpoch, false)
-				p.held = append(p.held, heldRecord{rec: r, seq: seq, due: due})
-				// Not while a released record waits to be fetched
-				// again (see rewind): it would wait for the held
-				// records to come due.
-				if !p.paused && p.firstReleased() < 0 {
-					p.paused = true
-					if pause == nil {
-						pause = make(map[string][]int32)
+			if p.released > 0 {
+				// New, but a released record of p waits to be fetched again:
+				// delivered now, this one would overtake it, and its key's
+				// order would break.
+				if hold, again := p.holdBack(run.poll); hold {
+					if again && !slices.Contains(refetch, p) {
+						refetch = append(refetch, p)
 					}
-					pause[p.topic] = append(pause[p.topic], p.id)
+					continue // untracked, as if never fetched
 				}
-				continue
+				s.log.Warn("kafka: released records are no longer in the log (compacted or deleted); they are not delivered again",
+					ackwise.LogKeyTopic, p.topic, ackwise.LogKeyPartition, p.id, "offsets", p.dropReleased())
+				kick = true
 			}
+			if p.skip != nil {
+				if _, ok := p.skip[r.Offset]; ok {
+					p.trackSettled(r.Offset, r.LeaderEpoch)
+					kick = true
+					continue
+				}
+			}
+			if p.retry {
+				due, group, tagged := retryHeaders(r)
+				if tagged && group != s.cfg.Group {
+					// Moved here by another group sharing the retry topic.
+					p.trackSettled(r.Offset, r.LeaderEpoch)
+					kick = true
+					continue
+				}
+				// A record is never due later than its tier from now: a
+				// member whose clock ran ahead (or a corrupt header) must not
+				// pause the partition for longer.
+				if limit := now.Add(s.retries[p.topic]); due.After(limit) {
+					due = limit
+				}
+				if len(p.held) > 0 || due.After(now) {
+					seq := p.track(r.Offset, r.LeaderEpoch, false)
+					p.held = append(p.held, heldRecord{rec: r, seq: seq, due: due})
+					// Not while a released record waits to be fetched
+					// again (see rewind): it would wait for the held
+					// records to come due.
+					if !p.paused && p.firstReleased() < 0 {
+						p.paused = true
+						if pause == nil {
+							pause = make(map[string][]int32)
+						}
+						pause[p.topic] = append(pause[p.topic], p.id)
+					}
+					continue
+				}
+			}
+			seq := p.track(r.Offset, r.LeaderEpoch, true)
+			s.build = append(s.build, toBuild{p: p, r: r, seq: seq})
+			n++
 		}
-		seq := p.track(r.Offset, r.LeaderEpoch, true)
-		s.build = append(s.build, toBuild{p: p, r: r, seq: seq})
-		n++
+		run.recs = recs[i:]
+		s.queued -= i
 	}
 	pauseLocked(s.cl, pause)
 	ahead := n > 0 && s.cfg.PollBatch == 0 && s.queued <= s.last

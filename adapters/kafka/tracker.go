@@ -150,10 +150,10 @@ func (p *partition) inflightGen(seq int64, gen uint16) bool {
 // settleGen is settle for delivery gen of the record: a message released
 // and delivered again cannot be settled through its earlier delivery.
 func (p *partition) settleGen(seq int64, gen uint16, st uint8) bool {
-	if !p.inflightGen(seq, gen) {
-		return false
-	}
 	i := p.index(seq)
+	if i < 0 || p.ents[i].st != stInflight || p.ents[i].gen != gen {
+		return false // as inflightGen, with the index kept
+	}
 	p.ents[i].st = st
 	p.inflight--
 	if st == stReleased {
