@@ -132,7 +132,7 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 		}
 		h = h[:len(h):len(h)]
 	}
-	brokerID := strs.brokerID(p, r.Offset)
+	brokerID := strs.carve(p.brokerID(r.Offset))
 	s.strs = strs.b
 	// Every field is set: a recycled delivery holds the last message's.
 	// Field by field, and pointers only where they changed: while the
@@ -241,14 +241,6 @@ func (c *carver) carve(v []byte) string {
 	start := len(c.b)
 	c.b = append(c.b, v...)
 	return unsafe.String(&c.b[start], len(v))
-}
-
-// brokerID returns the broker ID of p's record at off, "topic/partition@off".
-func (c *carver) brokerID(p *partition, off int64) string {
-	c.room(len(p.idPrefix) + 20) // 20: the digits of any int64
-	start := len(c.b)
-	c.b = p.appendOffset(append(c.b, p.idPrefix...), off)
-	return unsafe.String(&c.b[start], len(c.b)-start)
 }
 
 // Recycle takes back the memory of messages for reuse by later deliveries.

@@ -38,14 +38,12 @@ type partition struct {
 	id    int32
 	retry bool // a retry topic of the chain
 
-	idPrefix []byte // "topic/partition@" of the records' broker IDs; never changes
-
-	// The decimal digits of the last broker ID's offset, for the next
-	// consecutive offset: see appendOffset. Only the goroutine calling
-	// Receive uses them.
-	idDigits [20]byte
-	idLen    int
-	idOff    int64
+	// The last broker ID built, "topic/partition@offset", of the record
+	// at bidOff; the first bidPrefix bytes never change. See brokerID.
+	// Only the goroutine calling Receive uses them.
+	bid       []byte
+	bidPrefix int
+	bidOff    int64
 
 	own atomic.Int32
 
@@ -77,17 +75,21 @@ type partition struct {
 }
 
 func newPartition(topic string, id int32, retry bool) *partition {
+	prefix := topic + "/" + strconv.FormatInt(int64(id), 10) + "@"
+	bid := append(make([]byte, 0, len(prefix)+20), prefix...) // 20: the digits of any int64
 	return &partition{topic: topic, id: id, retry: retry, next: -1, commitOff: -1, commitEp: -1, committed: -1,
-		idPrefix: []byte(topic + "/" + strconv.FormatInt(int64(id), 10) + "@"), idOff: -2}
+		bid: bid, bidPrefix: len(prefix), bidOff: -2}
 }
 
-// appendOffset appends off in decimal to b. A partition's records come in
-// offset order, mostly consecutive: the digits of the last offset are
-// incremented in place then, instead of formatted again. Called only by the
-// goroutine calling Receive.
-func (p *partition) appendOffset(b []byte, off int64) []byte {
-	if off == p.idOff+1 && p.idLen > 0 {
-		d := p.idDigits[:p.idLen]
+// brokerID returns the broker ID of p's record at off,
+// "topic/partition@off", in a buffer of p's that the next call overwrites.
+// A partition's records come in offset order, mostly consecutive: the
+// digits of the last offset are incremented in place then, instead of
+// formatted again, and the caller copies the ID in one piece. Called only
+// by the goroutine calling Receive.
+func (p *partition) brokerID(off int64) []byte {
+	if off == p.bidOff+1 && len(p.bid) > p.bidPrefix {
+		d := p.bid[p.bidPrefix:]
 		i := len(d) - 1
 		for i >= 0 && d[i] == '9' {
 			d[i] = '0'
@@ -95,14 +97,14 @@ func (p *partition) appendOffset(b []byte, off int64) []byte {
 		}
 		if i >= 0 {
 			d[i]++
-			p.idOff = off
-			return append(b, d...)
+			p.bidOff = off
+			return p.bid
 		}
 		// All nines: one digit more, formatted below.
 	}
-	p.idLen = len(strconv.AppendInt(p.idDigits[:0], off, 10))
-	p.idOff = off
-	return append(b, p.idDigits[:p.idLen]...)
+	p.bid = strconv.AppendInt(p.bid[:p.bidPrefix], off, 10)
+	p.bidOff = off
+	return p.bid
 }
 
 // track appends a record and returns its sequence number. A record held

@@ -80,11 +80,11 @@ func TestTrackerCompaction(t *testing.T) {
 	}
 }
 
-// TestAppendOffset checks the broker ID's offset digits against strconv
+// TestBrokerID checks the broker ID's offset digits against strconv
 // over runs of consecutive offsets that cross a digit count, jumps (gaps
 // from compaction and transaction markers), a restart at 0 and a step back
 // (a partition re-consumed after a rebalance).
-func TestAppendOffset(t *testing.T) {
+func TestBrokerID(t *testing.T) {
 	p := newPartition("t", 0, false)
 	var offs []int64
 	for _, run := range [][2]int64{{0, 1005}, {1007, 1010}, {9_990, 10_010}, {99_999, 100_001}, {5, 12}, {1 << 40, 1<<40 + 3}, {999_999_998, 1_000_000_001}} {
@@ -93,8 +93,8 @@ func TestAppendOffset(t *testing.T) {
 		}
 	}
 	for _, off := range offs {
-		got := string(p.appendOffset([]byte("x@"), off))
-		if want := "x@" + strconv.FormatInt(off, 10); got != want {
+		got := string(p.brokerID(off))
+		if want := "t/0@" + strconv.FormatInt(off, 10); got != want {
 			t.Fatalf("offset %d: %q, want %q", off, got, want)
 		}
 	}
