@@ -63,20 +63,33 @@ func (s *Source) AckBatch(_ context.Context, msgs []*ackwise.Message, errs []err
 }
 
 // settleLocked moves msg to state st and reports whether the committer has
-// new settled offsets to commit. Called with s.mu held.
+// new settled offsets to commit. Called with s.mu held, for every ack: the
+// checks of receiptOf are made in line, and its errors only looked for when
+// one fails.
 func (s *Source) settleLocked(msg *ackwise.Message, st uint8) (kick bool, err error) {
-	rc, err := receiptOf(msg)
-	if err != nil {
+	var rc *receipt
+	if msg != nil {
+		rc, _ = msg.Handle.(*receipt)
+	}
+	if rc == nil || rc.p == nil || rc.seq == recycled {
+		_, err := receiptOf(msg)
 		return false, err
 	}
 	p := rc.p
-	if p.own.Load() >= ownSealed {
-		return false, fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
-	}
-	if !p.settleGen(rc.seq, rc.gen, st) {
-		return false, fmt.Errorf("kafka: %s: already settled or released", msg.BrokerID)
+	if p.own.Load() >= ownSealed || !p.settleGen(rc.seq, rc.gen, st) {
+		return false, settleError(msg, p)
 	}
 	return st == stSettled && p.dirty(), nil
+}
+
+// settleError is settleLocked's error for msg, of partition p, which it
+// could not settle. Called with s.mu held, under which p's ownership does
+// not change.
+func settleError(msg *ackwise.Message, p *partition) error {
+	if p.own.Load() >= ownSealed {
+		return fmt.Errorf("kafka: %s: partition revoked: %w", msg.BrokerID, adapters.ErrReceiptInvalid)
+	}
+	return fmt.Errorf("kafka: %s: already settled or released", msg.BrokerID)
 }
 
 // checkMovable is what a move (Nack, DeadLetter) checks before it
