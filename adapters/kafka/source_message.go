@@ -79,10 +79,10 @@ func (s *Source) message(p *partition, r *kgo.Record, seq int64, gen uint16) *ac
 	}
 	var d *delivery
 	if n := len(s.local); n > 0 {
-		// Not cleared behind: every delivery in s.local's array is in
-		// use or waits in s.freed, kept either way (and clearing costs a
-		// write barrier while the garbage collector marks).
 		d = s.local[n-1]
+		// Cleared: a message its user drops without recycling must not
+		// stay reachable from here, with the fetch its Payload points into.
+		s.local[n-1] = nil
 		s.local = s.local[:n-1]
 	} else {
 		// One allocation per 64 records instead of one per record. A
