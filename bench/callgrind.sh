@@ -9,8 +9,9 @@
 # source driven directly: Receive, Ack, Recycle), engine (the engine on the
 # source, no-op handler, default Config) with its hand-off pace pinned
 # inline, engine:PACE with PACE one of inline, batch, single or auto (not
-# pinned). Natively the engine runs this benchmark inline (batch now and
-# then); under valgrind, ~50 times slower, an adaptive engine measures slow
+# pinned), batch (a no-op batch handler on batches of up to 500,
+# consumer.NewBatch, pace pinned inline) and batch:SIZE. Natively the
+# engine runs this benchmark inline (batch now and then); under valgrind, ~50 times slower, an adaptive engine measures slow
 # messages and hands each to a worker alone (single), which costs a channel
 # hand-off and a select per message that a native run does not pay.
 #
@@ -88,12 +89,14 @@ for v in $VARIANTS; do
 	for n in "$SMALL" "$LARGE"; do
 		topic="cost-$(echo "$v" | tr : -)-$n-$stamp"
 		ACKWISE_BENCH_COST=produce ACKWISE_BENCH_COST_TOPIC="$topic" ACKWISE_BENCH_COST_N="$n" "$OUT/bench.test"
-		bin=bench.test mode=$v pace=
+		bin=bench.test mode=$v pace= batch=
 		case $v in
 		engine) bin=consumer.test mode=engine pace=inline ;;
+		batch) bin=consumer.test mode=engine pace=inline batch=500 ;;
+		batch:*) bin=consumer.test mode=engine pace=inline batch=${v#batch:} ;;
 		engine:*) bin=consumer.test mode=engine pace=${v#engine:} ;;
 		esac
-		GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off ACKWISE_BENCH_COST="$mode" ACKWISE_BENCH_COST_PACE="$pace" \
+		GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off ACKWISE_BENCH_COST="$mode" ACKWISE_BENCH_COST_PACE="$pace" ACKWISE_BENCH_COST_BATCH="$batch" \
 			ACKWISE_BENCH_COST_TOPIC="$topic" ACKWISE_BENCH_COST_N="$n" \
 			valgrind --tool=callgrind --callgrind-out-file="$OUT/$v-$n.out" "$OUT/$bin" >"$OUT/$v-$n.log" 2>&1 ||
 			{ echo "callgrind.sh: $v $n failed, see $OUT/$v-$n.log" >&2; exit 1; }

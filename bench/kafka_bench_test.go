@@ -478,7 +478,7 @@ func runEngine(b fataler, src adapters.Source, h ackwise.Handler, cfg consumer.C
 
 // runConsumer runs c on src until all is closed, then stops it and closes
 // src (the final commit).
-func runConsumer(b *testing.B, c *consumer.Consumer, src adapters.Source, all chan struct{}) {
+func runConsumer(b fataler, c *consumer.Consumer, src adapters.Source, all chan struct{}) {
 	b.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

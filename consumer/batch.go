@@ -169,12 +169,10 @@ func (p *pool) runBatch(ctx context.Context, w *workerState, ch *chunk) *chunk {
 	bs := &w.batch
 	for {
 		start := monotime()
-		n := 0
-		for ; n < size; n++ {
-			t, ok := ch.claim()
-			if !ok {
-				break
-			}
+		from, to := ch.claimUpTo(size)
+		n := to - from
+		for k := from; k < to; k++ {
+			t := ch.tasks[k]
 			rt, res, run := c.prepare(&t)
 			if !run {
 				if res != held {
@@ -232,6 +230,10 @@ func (p *pool) handleBatch(ctx context.Context, w *workerState, bs *batchState) 
 // settleRan settles t by its handler's err and keeps it in w.ran unless it
 // is held.
 func (p *pool) settleRan(ctx context.Context, w *workerState, t task, err error, elapsed time.Duration) {
+	if err == nil && p.c.breaker == nil {
+		w.ran = append(w.ran, ran{t, elapsed, succeeded}) // outcome's, without the call
+		return
+	}
 	if res, el := p.c.outcome(ctx, t, err, elapsed); res != held {
 		w.ran = append(w.ran, ran{t, el, res})
 	}

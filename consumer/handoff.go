@@ -119,6 +119,14 @@ func (ch *chunk) claim() (task, bool) {
 	return ch.tasks[i], true
 }
 
+// claimUpTo claims the next n tasks at most, in one step: the tasks of
+// ch[i:j].
+func (ch *chunk) claimUpTo(n int) (i, j int) {
+	j = int(ch.next.Add(int32(n)))
+	i = j - n
+	return min(i, len(ch.tasks)), min(j, len(ch.tasks))
+}
+
 func (ch *chunk) exhausted() bool { return int(ch.next.Load()) >= len(ch.tasks) }
 
 // workerState is what a worker (or the receive loop running inline) holds.
@@ -564,14 +572,15 @@ func (p *pool) finishRan(w *workerState, done *chunk) *chunk {
 	c.mu.Lock()
 	var next, drop *chunk
 	if len(w.ran) > 0 {
-		for _, r := range w.ran {
+		for i := range w.ran {
+			r := &w.ran[i]
 			if c.recycler != nil && !c.leases.holdsLocked(r.msg) {
 				w.done = append(w.done, r.msg)
 			}
 			if r.res == returned && r.ln != nil {
 				r.ln.returnedAt, r.ln.returned = c.lanes.returns.Add(1), c.holds.idOf(r.task)
 			}
-			if nt, ok := c.finishLocked(r.task); ok {
+			if nt, ok := c.finishLocked(&r.task); ok {
 				if r.res == returned {
 					if drop == nil {
 						drop = p.newChunkLocked()
@@ -643,7 +652,9 @@ func (p *pool) ackRan(w *workerState) {
 			failed = true
 			r.res = c.settle(r.task, Acked, r.elapsed, errs[i])
 		} else {
-			c.holds.settledOK(r.task)
+			if c.holds.nFailed.Load() > 0 { // not inlined: spare the call and the copy
+				c.holds.settledOK(r.task)
+			}
 			if c.cfg.Observer == nil {
 				acked++ // counted at once below
 			} else {

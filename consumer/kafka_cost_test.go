@@ -18,7 +18,9 @@ import (
 // bench/callgrind.sh (see bench/kafka_cost_test.go): it runs the engine on
 // a Kafka source over an existing topic of ACKWISE_BENCH_COST_N records
 // (ACKWISE_BENCH_COST_BROKER, ACKWISE_BENCH_COST_TOPIC) with a no-op
-// handler and the default Config, and exits.
+// handler and the default Config, and exits. With ACKWISE_BENCH_COST_BATCH
+// set to a size, it runs a no-op batch handler on batches of up to that
+// many records instead (consumer.NewBatch).
 //
 // It lives here, not in bench/, for PinPace: the hand-off pace follows the
 // measured run time of a message, and under valgrind, ~50 times slower,
@@ -58,7 +60,19 @@ func engineCost() int {
 		}
 		return nil
 	})
-	c, err := consumer.New(src, h, consumer.Config{})
+	var c *consumer.Consumer
+	if size, _ := strconv.Atoi(os.Getenv("ACKWISE_BENCH_COST_BATCH")); size > 0 {
+		// A no-op batch handler on batches of up to size records.
+		bh := ackwise.BatchHandlerFunc(func(_ context.Context, msgs []*ackwise.Message) error {
+			if handled.Add(int64(len(msgs))) == int64(n) {
+				close(all)
+			}
+			return nil
+		})
+		c, err = consumer.NewBatch(src, bh, consumer.Config{Batch: consumer.BatchConfig{Size: size}})
+	} else {
+		c, err = consumer.New(src, h, consumer.Config{})
+	}
 	if err != nil {
 		return fail(err)
 	}

@@ -57,7 +57,7 @@ func (l *leases) endLocked(m *ackwise.Message) {
 // finished message, outside c.mu; if so loop recycles it after its round.
 // Caller holds c.mu.
 func (l *leases) holdsLocked(msg *ackwise.Message) bool {
-	if !l.extending[msg] {
+	if !l.on || !l.extending[msg] {
 		return false
 	}
 	l.recycle = append(l.recycle, msg)

@@ -309,7 +309,7 @@ func (c *Consumer) invoke(ctx context.Context, msg *ackwise.Message) (err error)
 // message: the engine is done with it and nothing refers to it any more
 // (its lease and the breaker's probe are cleared here). Called with c.mu
 // held.
-func (c *Consumer) finishLocked(t task) (task, bool) {
+func (c *Consumer) finishLocked(t *task) (task, bool) {
 	c.leases.endLocked(t.msg)
 	c.ages.endLocked(t.age)
 	c.inflight--
@@ -344,7 +344,7 @@ func (c *Consumer) finishedLocked() {
 // message, itself perhaps received meanwhile and released with the others.
 func (c *Consumer) finishOne(t task, remark bool) (task, bool) {
 	c.mu.Lock()
-	next, ok := c.finishLocked(t)
+	next, ok := c.finishLocked(&t)
 	if !ok && remark && t.ln != nil {
 		t.ln.returnedAt = c.lanes.returns.Add(1)
 	}
