@@ -13,6 +13,14 @@
 // and drains that lose nothing, the in-flight bound, leases extended or run
 // out, and a released message not overtaken by the others of its key.
 //
+// Batch handlers (consumer.NewBatch) on the broker: a poison message is
+// dead-lettered alone, whether its handler reports it in a
+// [ackwise.BatchError] or fails its whole batch; the other messages are
+// acked once, at their first attempt, and stay acked across a restart; a
+// batch never holds two messages of a key, and each key's messages succeed
+// in publish order where the source delivers keys in order and retries wait
+// in place.
+//
 // Each optional part a source declares in its [adapters.Extensions] is
 // checked: a Recycler's recycled messages are handed out again whole while
 // those still in flight stay intact; a BatchAcker's AckBatch acks as Ack

@@ -58,6 +58,9 @@ func Run(t *testing.T, h Harness) {
 		{"SecondSettleFails", testSecondSettle},
 		{"ReleaseNotOvertaken", testReleaseNotOvertaken},
 		{"ReleasedLaneNotOvertaken", testReleasedLaneNotOvertaken},
+		{"BatchPoisonDeadLetteredAlone", testBatchPoisonAlone},
+		{"BatchWholeFailureIsolates", testBatchWholeFailureIsolates},
+		{"BatchKeyOrder", testBatchKeyOrder},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -117,18 +120,55 @@ func (h Harness) receiveOne(t *testing.T, src adapters.Source) *ackwise.Message 
 	}
 }
 
-// recorder is a handler that records what it saw and signals progress.
-type recorder struct {
+// progress is state guarded by mu whose changes are signalled, so that a
+// test can wait for a condition over it (waitFor).
+type progress struct {
 	mu      sync.Mutex
-	seen    []*ackwise.Message // copies
-	byID    map[string]int
 	changed chan struct{}
-	fn      func(context.Context, *ackwise.Message) error
 	timeout time.Duration // bounds waitFor
 }
 
+func (h Harness) newProgress() progress {
+	return progress{changed: make(chan struct{}, 1), timeout: h.Timeout}
+}
+
+// signal wakes waitFor after a change; call it with mu not held.
+func (p *progress) signal() {
+	select {
+	case p.changed <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor waits until cond holds, checked with mu held.
+func (p *progress) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(p.timeout)
+	for {
+		p.mu.Lock()
+		ok := cond()
+		p.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-p.changed:
+		case <-deadline:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// recorder is a handler that records what it saw and signals progress.
+type recorder struct {
+	progress
+	seen []*ackwise.Message // copies
+	byID map[string]int
+	fn   func(context.Context, *ackwise.Message) error
+}
+
 func (h Harness) newRecorder(fn func(context.Context, *ackwise.Message) error) *recorder {
-	return &recorder{byID: map[string]int{}, changed: make(chan struct{}, 1), fn: fn, timeout: h.Timeout}
+	return &recorder{progress: h.newProgress(), byID: map[string]int{}, fn: fn}
 }
 
 func (r *recorder) Handle(ctx context.Context, m *ackwise.Message) error {
@@ -144,30 +184,8 @@ func (r *recorder) Handle(ctx context.Context, m *ackwise.Message) error {
 	r.seen = append(r.seen, &cp)
 	r.byID[m.ID]++
 	r.mu.Unlock()
-	select {
-	case r.changed <- struct{}{}:
-	default:
-	}
+	r.signal()
 	return err
-}
-
-// waitFor waits until cond holds over the recorder's state.
-func (r *recorder) waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.After(r.timeout)
-	for {
-		r.mu.Lock()
-		ok := cond()
-		r.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-r.changed:
-		case <-deadline:
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // start runs a consumer on src until the test ends or stop is called.
@@ -177,6 +195,12 @@ func (h Harness) start(t *testing.T, src adapters.Source, handler ackwise.Handle
 	if err != nil {
 		t.Fatalf("consumer.New: %v", err)
 	}
+	return c, h.run(t, c)
+}
+
+// run runs c until the test ends or stop is called.
+func (h Harness) run(t *testing.T, c *consumer.Consumer) (stop func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -198,7 +222,7 @@ func (h Harness) start(t *testing.T, src adapters.Source, handler ackwise.Handle
 			t.Errorf("consumer Run: %v", err)
 		}
 	})
-	return c, stop
+	return stop
 }
 
 // waitDeadLetters polls the dead-letter destination until it holds n
