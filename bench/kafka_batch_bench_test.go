@@ -9,18 +9,21 @@ import (
 	"github.com/ackwise/ackwise/consumer"
 )
 
-// BenchmarkKafkaConsumeBatch is BenchmarkKafkaConsumeCommit's raw loop
-// side by side with the ackwise engine running a no-op BatchHandler on
-// batches of up to 500 records (consumer.NewBatch), in ABBA order. Run it
+// BenchmarkKafkaConsumeBatch is BenchmarkKafkaConsumeCommit's raw loop and
+// ackwise source side by side with the ackwise engine running a no-op
+// BatchHandler on batches of up to 500 and 64 records (consumer.NewBatch,
+// default Config otherwise), in ABBA order. Run it
 // with the broker in a process of its own to read the client's CPU per
 // record:
 //
 //	ACKWISE_BENCH_KFAKE=process go test -run '^$' -bench 'KafkaConsumeBatch/payload=json' -benchtime 1000000x -count 3 .
 func BenchmarkKafkaConsumeBatch(b *testing.B) {
-	order := []string{"raw-franz-go", "ackwise-batch-500", "ackwise-batch-500", "raw-franz-go"}
+	order := []string{"raw-franz-go", "ackwise-source", "ackwise-batch-500", "ackwise-batch-64", "ackwise-batch-64", "ackwise-batch-500", "ackwise-source", "raw-franz-go"}
 	run := map[string]func(*testing.B, kafkaPayload){
 		"raw-franz-go":      consumeRaw,
+		"ackwise-source":    consumeSource,
 		"ackwise-batch-500": func(b *testing.B, p kafkaPayload) { consumeBatch(b, p, 500) },
+		"ackwise-batch-64":  func(b *testing.B, p kafkaPayload) { consumeBatch(b, p, 64) },
 	}
 	runPayloads(b, order, run)
 }
