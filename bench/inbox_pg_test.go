@@ -4,11 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	mrand "math/rand/v2"
 	"os"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -172,30 +170,13 @@ func (f *inboxFixture) truncate(b *testing.B) {
 
 var runSeq atomic.Int64
 
-// run handles n first deliveries with inboxWorkers workers and returns the
-// elapsed time.
+// run handles n first deliveries with inboxWorkers workers, one message
+// per call of h, and returns the elapsed time.
 func (f *inboxFixture) run(b *testing.B, h ackwise.Handler, n int) time.Duration {
-	prefix := fmt.Sprintf("r%d-%d-", runSeq.Add(1), time.Now().UnixNano())
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	start := time.Now()
-	for range inboxWorkers {
-		wg.Go(func() {
-			for {
-				i := next.Add(1) - 1
-				if i >= int64(n) {
-					return
-				}
-				msg := &ackwise.Message{ID: prefix + fmt.Sprint(i), Partition: -1, Offset: -1, Attempt: 1}
-				if err := h.Handle(context.Background(), msg); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	return time.Since(start)
+	one := ackwise.BatchHandlerFunc(func(ctx context.Context, msgs []*ackwise.Message) error {
+		return h.Handle(ctx, msgs[0])
+	})
+	return f.runBatches(b, one, n, 1)
 }
 
 // BenchmarkInboxPostgres measures each handler variant (see
