@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/ackwise/ackwise"
@@ -87,13 +89,17 @@ func (b BatchConfig) validate() error {
 // as large as the number of partitions: use OrderKey (the default) or
 // OrderNone for large batches.
 //
-// A batch that fails as a whole (one error for every message, or a panic)
-// with a transient or permanent error is not settled as such when it holds
-// more than one message: each of its messages runs again alone, at once,
-// so that one bad message cannot take its batch-mates to the dead-letter
-// destination or use up their attempts; each is then settled by the
-// outcome of its own run. A whole-batch rate-limited or discard outcome is
-// applied to every message as it is.
+// Messages of a batch that failed together — one error for the whole
+// batch, a panic, or the same error value in several entries of a
+// BatchError (as middleware.BatchInbox passes a whole-batch error on) —
+// with a transient or permanent error are not settled by it: each runs
+// again alone, at once, so that one bad message cannot take its
+// batch-mates to the dead-letter destination or use up their attempts;
+// each is then settled by the outcome of its own run. A shared
+// rate-limited or discard outcome is applied to every message as it is.
+// Give distinct messages distinct error values (ackwise.Permanent(err)
+// wraps each anew) in a BatchError: a value shared by several entries is
+// taken for a failure of them together.
 //
 // Config.Inbox and Config.Middleware are for Handlers: NewBatch refuses
 // them; set cfg.Batch.Inbox and cfg.Batch.Middleware. MaxInFlight must be
@@ -152,9 +158,10 @@ func NewBatch(src adapters.Source, h ackwise.BatchHandler, cfg Config) (*Consume
 // batchState is what a worker keeps for its batches, reused from batch to
 // batch.
 type batchState struct {
-	tasks []task
-	msgs  []*ackwise.Message
-	errs  []error
+	tasks  []task
+	msgs   []*ackwise.Message
+	errs   []error
+	shared []bool // sharedFailures'
 }
 
 // runBatch runs the tasks of ch (NewBatch's consumers) in batches of up
@@ -206,25 +213,29 @@ func (p *pool) runBatch(ctx context.Context, w *workerState, ch *chunk) *chunk {
 }
 
 // handleBatch calls the batch handler on bs and settles each of its
-// messages by its own outcome; a batch of several that failed as a whole
-// runs again one message at a time (see NewBatch).
+// messages by its own outcome; the messages of the batch that failed
+// together run again one at a time first (sharedFailures, NewBatch).
 func (p *pool) handleBatch(ctx context.Context, w *workerState, bs *batchState) {
 	c := p.c
-	if cap(bs.errs) < len(bs.msgs) {
-		bs.errs = make([]error, len(bs.msgs), cap(bs.msgs))
+	n := len(bs.msgs)
+	if cap(bs.errs) < n {
+		bs.errs = make([]error, n, cap(bs.msgs))
 	}
-	errs := bs.errs[:len(bs.msgs)]
+	errs := bs.errs[:n]
 	err, elapsed := p.callBatch(ctx, w, bs.msgs, errs)
-	if err != nil && len(bs.msgs) > 1 && ctx.Err() == nil && splits(err, c.cfg.Classifiers) {
-		c.log.Warn("batch failed as a whole; running its messages one at a time", slog.Int(ackwise.LogKeyBatch, len(bs.msgs)), slog.Any(ackwise.LogKeyError, err))
-		for i, t := range bs.tasks {
-			_, el := p.callBatch(ctx, w, bs.msgs[i:i+1], errs[i:i+1])
-			p.settleRan(ctx, w, t, errs[i], el)
+	var alone []bool // the messages run again alone, with their own run time
+	if err != nil && n > 1 && ctx.Err() == nil {
+		alone = sharedFailures(errs, c.cfg.Classifiers, &bs.shared)
+	}
+	if alone != nil {
+		c.log.Warn("messages of a batch failed together; running each alone", slog.Int(ackwise.LogKeyBatch, n), slog.Any(ackwise.LogKeyError, err))
+	}
+	for i, t := range bs.tasks {
+		el := elapsed
+		if alone != nil && alone[i] {
+			_, el = p.callBatch(ctx, w, bs.msgs[i:i+1], errs[i:i+1])
 		}
-	} else {
-		for i, t := range bs.tasks {
-			p.settleRan(ctx, w, t, errs[i], elapsed)
-		}
+		p.settleRan(ctx, w, t, errs[i], el)
 	}
 	clear(errs)
 	forget(c, bs.tasks)
@@ -244,15 +255,59 @@ func (p *pool) settleRan(ctx context.Context, w *workerState, t task, err error,
 	}
 }
 
-// splits says whether a batch that failed as a whole with err runs again
-// one message at a time: for a transient or permanent failure (a panic
-// included), which one bad message may have caused; not for a rate limit
-// or a discard, which the handler means for every message.
-func splits(err error, classifiers []ackwise.Classifier) bool {
-	var be *ackwise.BatchError
-	if errors.As(err, &be) {
-		return false // per message, unless of the wrong length: then a bug for all
+// sharedFailures finds the messages of a batch that failed together: two
+// or more messages whose outcome is one and the same error value, of a
+// class one bad message may have caused (transient, permanent, a panic).
+// That is what a handler that returned one error for the batch (or
+// panicked) gives every message, and what a batch middleware passing such
+// an error on (middleware.BatchInbox) gives the messages it ran; a
+// rate-limit or a discard is meant for every message and is kept. It
+// returns, in *shared (reused), true for each such message, or nil when
+// there is none.
+func sharedFailures(errs []error, classifiers []ackwise.Classifier, shared *[]bool) []bool {
+	var seen map[error]int // a shared error's first message
+	found := false
+	for i, err := range errs {
+		if err == nil || !splits(err, classifiers) || !reflect.TypeOf(err).Comparable() {
+			continue
+		}
+		if seen == nil {
+			seen = make(map[error]int, 1)
+			*shared = slices.Grow((*shared)[:0], len(errs))[:len(errs)]
+			clear(*shared)
+		}
+		first, ok := firstOf(seen, err, i)
+		if !ok {
+			continue
+		}
+		(*shared)[first], (*shared)[i], found = true, true, true
 	}
+	if !found {
+		return nil
+	}
+	return *shared
+}
+
+// firstOf returns the message err was first seen for in seen, or records
+// i as its first and returns false. An error of a comparable type may
+// still hold a value that cannot be hashed (an interface field holding a
+// slice): such an error is never shared.
+func firstOf(seen map[error]int, err error, i int) (first int, ok bool) {
+	defer func() {
+		if recover() != nil {
+			first, ok = 0, false
+		}
+	}()
+	if first, ok = seen[err]; !ok {
+		seen[err] = i
+	}
+	return first, ok
+}
+
+// splits says whether err, a failure several messages of a batch share,
+// may be one bad message's: transient or permanent, a panic included; not
+// a rate limit or a discard, which the handler means for every message.
+func splits(err error, classifiers []ackwise.Classifier) bool {
 	var panicked *panicError
 	if errors.As(err, &panicked) {
 		return true

@@ -371,3 +371,76 @@ func TestNewBatchConfigErrors(t *testing.T) {
 	}
 	_ = c
 }
+
+// unhashableErr is comparable as a type but holds a value that cannot be
+// hashed: sharedFailures must not panic on it.
+type unhashableErr struct{ v any }
+
+func (e unhashableErr) Error() string { return fmt.Sprint("unhashable ", e.v) }
+
+// TestBatchSharedErrorsRunAlone: entries of a BatchError that hold one
+// and the same error value failed together (as a batch middleware passes a
+// whole-batch error on): those messages run again alone, and only the one
+// that fails alone is dead-lettered; distinct errors, and errors that
+// cannot be compared, are settled as returned.
+func TestBatchSharedErrorsRunAlone(t *testing.T) {
+	t.Parallel()
+	ms := msgs(30, 30)
+	ms[4].Payload = []byte("poison")
+	ms[9].Payload = []byte("odd")
+	ms[11].Payload = []byte("odd")
+	src := newFakeSource(adapters.Capabilities{Delay: true}, ms...)
+	var log batchLog
+	h := ackwise.BatchHandlerFunc(func(_ context.Context, ms []*ackwise.Message) error {
+		log.record(ms)
+		poisoned := false
+		for _, m := range ms {
+			poisoned = poisoned || string(m.Payload) == "poison"
+		}
+		shared := ackwise.Permanent(errors.New("bulk insert failed"))
+		out := ackwise.NewBatchError(len(ms))
+		for i, m := range ms {
+			switch {
+			case string(m.Payload) == "odd":
+				// Its own error, transient, which cannot be hashed:
+				// settled as returned.
+				out.Set(i, unhashableErr{[]int{i}})
+			case poisoned:
+				out.Set(i, shared) // the batch failed together
+			}
+		}
+		return out.Err()
+	})
+	c, err := consumer.NewBatch(src, h, consumer.Config{Concurrency: 1, Batch: consumer.BatchConfig{Size: 30, Linger: time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	if !src.waitSettled(30, 30*time.Second) {
+		t.Fatalf("stats %+v", c.Stats())
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	dead := map[string]bool{}
+	for _, d := range src.deadMsgs() {
+		dead[d.msg.ID] = true
+	}
+	if len(dead) != 1 || !dead[ms[4].ID] {
+		t.Fatalf("dead-lettered %v, want the poison alone", dead)
+	}
+	if nacked := src.nackedMsgs(); len(nacked) != 2 {
+		t.Fatalf("retried %d, want the two odd messages", len(nacked))
+	}
+	if st := c.Stats(); st.Acked != 27 {
+		t.Errorf("stats %+v, want 27 acked", st)
+	}
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if r := log.runs[ms[9].ID]; r != 1 {
+		t.Errorf("odd message ran %d times, want once: its error was its own", r)
+	}
+	if r := log.runs[ms[0].ID]; r != 2 {
+		t.Errorf("a batch-mate of the poison ran %d times, want 2 (its batch, then alone)", r)
+	}
+}

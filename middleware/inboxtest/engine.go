@@ -57,8 +57,9 @@ func RunEngine(t *testing.T, e Engine) {
 // (batches of up to 16) under [middleware.BatchInbox] on e.Store, which
 // must implement [middleware.BatchInboxStore]. The handler applies each
 // message's effect through the claim's transaction and gives it its own
-// outcome in a *ackwise.BatchError; the panic fails its whole batch, which
-// the engine runs again one message at a time. The same promises hold:
+// outcome in a *ackwise.BatchError, except that a batch holding a poison
+// event fails as a whole, with one error, and the panic fails its whole
+// batch too: the engine then runs each message again alone. The same promises hold:
 // every event that succeeds ends with exactly one effect and one record,
 // every poison event with none and a dead letter. e.Transactional must be
 // set.
@@ -172,8 +173,16 @@ func runEngine(t *testing.T, e Engine, batch bool) {
 		cfg.Batch = consumer.BatchConfig{Size: 16, Linger: time.Millisecond, Inbox: inbox}
 		return consumer.NewBatch(src, ackwise.BatchHandlerFunc(func(ctx context.Context, msgs []*ackwise.Message) error {
 			out := ackwise.NewBatchError(len(msgs))
+			poisoned := false
 			for i, m := range msgs {
 				out.Set(i, handle(ctx, m)) // a panic fails the whole batch
+				poisoned = poisoned || (poison(m.ID) && len(msgs) > 1)
+			}
+			if poisoned {
+				// One error for the whole batch, as a bulk statement
+				// failing on one row gives: the inbox rolls every effect
+				// back, and the engine runs each message alone.
+				return ackwise.Permanent(errors.New("bulk write failed"))
 			}
 			return out.Err()
 		}), cfg)
