@@ -16,6 +16,7 @@ import (
 	"github.com/ackwise/ackwise/adapters/memory"
 	"github.com/ackwise/ackwise/consumer"
 	"github.com/ackwise/ackwise/dlq"
+	"github.com/ackwise/ackwise/retry"
 )
 
 // batchLog records the batches a batch handler was called with.
@@ -443,4 +444,63 @@ func TestBatchSharedErrorsRunAlone(t *testing.T) {
 	if r := log.runs[ms[0].ID]; r != 2 {
 		t.Errorf("a batch-mate of the poison ran %d times, want 2 (its batch, then alone)", r)
 	}
+}
+
+// TestBatchBreakerOutage: while the dependency is down every batch fails
+// as a whole, and its messages, run again alone, fail too; the breaker
+// opens after Threshold failures and holds the messages instead of
+// spending their attempts, probes, and once the dependency is back every
+// held message is acked once and none is dead-lettered.
+func TestBatchBreakerOutage(t *testing.T) {
+	t.Parallel()
+	const n = 200
+	src := newFakeSource(adapters.Capabilities{Delay: true}, msgs(n, 50)...)
+	var down atomic.Bool
+	down.Store(true)
+	var calls, failed atomic.Int64
+	tripped := make(chan struct{}) // enough failed calls to open the breaker
+	h := ackwise.BatchHandlerFunc(func(_ context.Context, ms []*ackwise.Message) error {
+		if calls.Add(1) > 1000 {
+			t.Error("more than 1,000 calls: the breaker does not hold the messages")
+		}
+		if down.Load() {
+			// Settled failures in a row open the breaker at 3: with two
+			// workers, at least 8 of the first 10 are settled.
+			if failed.Add(1) == 10 {
+				close(tripped)
+			}
+			return errors.New("connection refused")
+		}
+		return nil
+	})
+	c, err := consumer.NewBatch(src, h, consumer.Config{
+		Concurrency: 2,
+		Retry:       retry.Policy{MaxAttempts: 3, InitialInterval: time.Millisecond, MaxInterval: time.Millisecond},
+		Breaker:     &consumer.Breaker{Threshold: 3, ProbeInterval: 10 * time.Millisecond, MaxProbeInterval: 20 * time.Millisecond},
+		Batch:       consumer.BatchConfig{Size: 20},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, c)
+	select {
+	case <-tripped:
+	case <-time.After(30 * time.Second): // a hang detector
+		t.Fatalf("the handler failed %d times in 30s", failed.Load())
+	}
+	down.Store(false)
+	if !src.waitSettled(n, 60*time.Second) {
+		t.Fatalf("settled %d of %d after the outage: %+v", len(src.acked), n, c.Stats())
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The failures before the breaker opened spent an attempt each (here
+	// a nack to the broker, which this fake does not redeliver), as for a
+	// Handler; every message after them was held, not failed.
+	st := c.Stats()
+	if st.DeadLettered != 0 || st.Acked+st.Retried != n || st.Retried >= 10 || st.BreakerTrips == 0 {
+		t.Errorf("stats %+v: want the %d messages acked but for the few retried before the breaker opened, none dead-lettered", st, n)
+	}
+	t.Logf("calls %d (failed %d), stats %+v", calls.Load(), failed.Load(), st)
 }
