@@ -2,6 +2,7 @@ package pginbox_test
 
 import (
 	"context"
+	"crypto/rand"
 	"slices"
 	"strings"
 	"sync"
@@ -130,24 +131,44 @@ func TestClaimEventsIsOneStatement(t *testing.T) {
 // which fails permanently, and the others commit.
 func TestBatchUnstorableKeyFailsOnlyItsMessage(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	mw, err := middleware.BatchInbox(b.store, middleware.InboxConfig{Consumer: "billing"})
-	if err != nil {
-		t.Fatal(err)
+	for _, bad := range []struct{ name, id string }{
+		{"NUL byte", "bad\x00id"},
+		// A producer's 16 KiB event ID that does not compress: over
+		// the index's row size limit.
+		{"oversized", randomText(16 << 10)},
+	} {
+		t.Run(bad.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			mw, err := middleware.BatchInbox(b.store, middleware.InboxConfig{Consumer: "billing"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := mw(ackwise.BatchHandlerFunc(b.batchEffects))
+			msgs := []*ackwise.Message{msgFor("ok-1"), msgFor(bad.id), msgFor("ok-2")}
+			errs := make([]error, len(msgs))
+			ackwise.BatchOutcomes(h.HandleBatch(t.Context(), msgs), errs)
+			if errs[0] != nil || errs[2] != nil {
+				t.Fatalf("storable events failed: %v, %v", errs[0], errs[2])
+			}
+			if errs[1] == nil || ackwise.ClassOf(errs[1]) != ackwise.ClassPermanent {
+				t.Fatalf("event ID (%s): %.200v, want a permanent error", bad.name, errs[1])
+			}
+			if b.effects(t, "ok-1") != 1 || b.effects(t, "ok-2") != 1 {
+				t.Fatal("the storable events' effects did not commit")
+			}
+		})
 	}
-	h := mw(ackwise.BatchHandlerFunc(b.batchEffects))
-	msgs := []*ackwise.Message{msgFor("ok-1"), msgFor("bad\x00id"), msgFor("ok-2")}
-	errs := make([]error, len(msgs))
-	ackwise.BatchOutcomes(h.HandleBatch(t.Context(), msgs), errs)
-	if errs[0] != nil || errs[2] != nil {
-		t.Fatalf("storable events failed: %v, %v", errs[0], errs[2])
+}
+
+// randomText returns at least n bytes of random base32 text, which does
+// not compress.
+func randomText(n int) string {
+	var b strings.Builder
+	for b.Len() < n {
+		b.WriteString(rand.Text())
 	}
-	if errs[1] == nil || ackwise.ClassOf(errs[1]) != ackwise.ClassPermanent {
-		t.Fatalf("event ID with a NUL byte: %v, want a permanent error", errs[1])
-	}
-	if b.effects(t, "ok-1") != 1 || b.effects(t, "ok-2") != 1 {
-		t.Fatal("the storable events' effects did not commit")
-	}
+	return b.String()
 }
 
 // TestBatchNestedInAnotherClaim: a batch claim inside another claim's
